@@ -1,0 +1,220 @@
+"""The FastAPI application: `create_app(cfg)` and the state its lifespan owns.
+
+The lifespan opens the store (migrating it), then loads the engine in the
+background: the port answers at once, `GET /health` says 503 "loading" until the
+model is ready, and model calls get 503 + Retry-After meanwhile. Errors of every
+kind leave as OpenAI-shaped bodies; an unexpected one is logged with its
+traceback and answered as a plain 500 without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from proxy.config import Config
+from proxy.engines.base import Engine
+from proxy.engines.model_files import served_name
+from proxy.errors import APIError, engine_unavailable
+from proxy.metrics import Metrics
+from proxy.routes.common import error_response
+from proxy.sessions import SessionService, expire_open_sessions
+from proxy.store.db import Database
+
+log = logging.getLogger("areal_proxy")
+
+
+def make_engine(cfg: Config) -> Engine:
+    backend = cfg.engine.backend
+    if backend == "local":
+        from proxy.engines.local import LocalEngine
+
+        return LocalEngine(cfg.engine)
+    if backend == "sglang":
+        from proxy.engines.sglang import SGLangEngine
+
+        return SGLangEngine(cfg.engine)
+    from proxy.engines.vllm import VLLMEngine
+
+    return VLLMEngine(cfg.engine)
+
+
+class AppState:
+    """Everything the routes share; built by the lifespan."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.metrics = Metrics()
+        self.db = Database(cfg.store, owner=True)
+        self.sessions = SessionService(self.db, cfg.proxy.admin_key, cfg.proxy.auto_sessions)
+        self.engine: Engine = make_engine(cfg)
+        self.served_name = cfg.proxy.served_model_name or served_name(cfg.engine.model)
+        self.ready = asyncio.Event()
+        self.load_error: BaseException | None = None
+        self.renderer: Any = None
+        self.completions: Any = None
+        self.rewards: Any = None
+        self.admission: Any = None
+        self.started_at = time.time()
+
+    async def load_engine(self) -> None:
+        from proxy.completions import CompletionService
+        from proxy.render import Renderer
+
+        try:
+            await self.engine.start()
+            tokenizer = getattr(self.engine, "tokenizer", None)
+            if tokenizer is None:
+                from transformers import AutoTokenizer
+
+                tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.engine.info.model_path)
+            self.renderer = Renderer(tokenizer, self.engine.info.eos_token_ids)
+            self.completions = CompletionService(
+                self.engine, self.renderer, self.db, self.sessions, self.cfg.proxy.default_max_tokens
+            )
+            self.ready.set()
+            log.info("engine ready: %s (version %d)", self.served_name, self.engine.version)
+        except Exception as exc:  # reported by /health and on every model call
+            self.load_error = exc
+            log.exception("engine failed to start")
+
+    def require_ready(self) -> None:
+        if self.load_error is not None:
+            raise engine_unavailable(f"the engine failed to start: {self.load_error}", retry_after=30)
+        if not self.ready.is_set():
+            raise engine_unavailable("the engine is still loading", retry_after=2)
+
+    def observe_call(self, api: str, started: float, results: list) -> None:
+        self.metrics.inc("areal_requests_total", api=api)
+        self.metrics.inc("areal_completions_total", len(results), api=api)
+        self.metrics.inc("areal_generated_tokens_total", sum(len(r.generation.output_ids) for r in results))
+        self.metrics.observe("areal_request_seconds", time.perf_counter() - started, api=api)
+
+
+async def _sweep_sessions(state: AppState) -> None:
+    """Close sessions idle past `[proxy] session_timeout_s` as failed."""
+    timeout = state.cfg.proxy.session_timeout_s
+    while True:
+        await asyncio.sleep(min(30.0, max(1.0, timeout / 4)))
+        try:
+            expired = await state.db.write(lambda c: expire_open_sessions(c, timeout, time.time()))
+        except Exception:  # the sweeper retries next round; serving goes on
+            log.exception("session sweep failed")
+            continue
+        for session_id in expired:
+            state.sessions.set_status(session_id, "failed")
+        if expired:
+            state.metrics.inc("areal_sessions_timed_out_total", len(expired))
+
+
+def create_app(cfg: Config) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = AppState(cfg)
+        app.state.areal = state
+        state.db.start_writer()
+        from proxy.rewards_service import RewardService
+
+        state.rewards = RewardService(state)
+        loader = asyncio.create_task(state.load_engine())
+        sweeper = asyncio.create_task(_sweep_sessions(state))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            loader.cancel()
+            with contextlib.suppress(Exception):
+                await state.engine.stop()
+            state.db.close()
+
+    app = FastAPI(title="areal-proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+    _install_handlers(app)
+    from proxy.routes import chat, control
+
+    app.include_router(chat.router)
+    app.include_router(control.router)
+    for module in _optional_routers():
+        app.include_router(module.router)
+    app.add_middleware(BodyLimit, limit=cfg.proxy.max_request_bytes)
+    return app
+
+
+def _optional_routers() -> list[Any]:
+    import importlib
+
+    modules = []
+    for name in ("proxy.routes.responses", "proxy.routes.messages"):
+        try:
+            modules.append(importlib.import_module(name))
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+    return modules
+
+
+def _install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError):  # noqa: ANN202
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):  # noqa: ANN202
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return error_response(APIError(400, f"invalid request: {first.get('msg', exc)}", param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):  # noqa: ANN202
+        message = {404: "no such route", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
+        return error_response(APIError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):  # noqa: ANN202
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(APIError(500, "internal server error", type="server_error", code="internal_error"))
+
+
+class BodyLimit:
+    """Refuse request bodies over the limit with 413 before they are read in full."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._refuse(send)
+            return
+        seen = 0
+
+        async def limited_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise self._error()
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    def _error(self) -> APIError:
+        return APIError(413, f"request body exceeds the limit of {self.limit} bytes", code="request_too_large")
+
+    async def _refuse(self, send: Any) -> None:
+        exc = self._error()
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": exc.json()})

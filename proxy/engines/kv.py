@@ -1,0 +1,161 @@
+"""The decode batch's key/value cache: left-padded rows in growable slabs.
+
+Continuous batching keeps every running sequence in one batch. Rows have
+different lengths, so they are left-padded to a shared width and an attention
+mask marks the padding; each decode step appends one column for all rows.
+Transformers' DynamicCache appends with `torch.cat`, copying the whole cache
+every step; here each layer writes into a preallocated slab that grows by
+doubling, so a step costs only the new column. Rows join (after their own
+prefill) and leave (when finished) between steps.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import CacheLayerMixin, DynamicCache
+
+
+class SlabLayer(CacheLayerMixin):
+    """One layer's keys/values (B, H, capacity, D); the first `length` columns are live."""
+
+    is_croppable = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int | None = None) -> None:
+        self.is_initialized = True
+        self.device = keys.device
+        width = keys.shape[-2]
+        capacity = max(capacity or 0, width, 16)
+        shape = (keys.shape[0], keys.shape[1], capacity, keys.shape[3])
+        self._k = keys.new_zeros(shape)
+        self._v = values.new_zeros(shape)
+        self._k[:, :, :width] = keys
+        self._v[:, :, :width] = values
+        self.length = width
+
+    # Transformers reads `.keys` / `.values` as the live cache.
+    @property
+    def keys(self) -> torch.Tensor:  # type: ignore[override]
+        return self._k[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:  # base-class __init__ assigns None
+        pass
+
+    @property
+    def values(self) -> torch.Tensor:  # type: ignore[override]
+        return self._v[:, :, : self.length]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        pass
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        raise AssertionError("SlabLayer is created initialized")
+
+    def _reserve(self, width: int) -> None:
+        capacity = self._k.shape[-2]
+        if width <= capacity:
+            return
+        new_capacity = max(width, capacity * 2)
+        shape = (*self._k.shape[:2], new_capacity, self._k.shape[3])
+        k, v = self._k.new_zeros(shape), self._v.new_zeros(shape)
+        k[:, :, : self.length] = self.keys
+        v[:, :, : self.length] = self.values
+        self._k, self._v = k, v
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n = key_states.shape[-2]
+        self._reserve(self.length + n)
+        self._k[:, :, self.length : self.length + n] = key_states
+        self._v[:, :, self.length : self.length + n] = value_states
+        self.length += n
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class BatchKV:
+    """Left-padded KV rows of the running batch plus their attention mask."""
+
+    def __init__(self) -> None:
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None  # (B, width) long, 1 = real token
+
+    @property
+    def size(self) -> int:
+        return 0 if self.mask is None else self.mask.shape[0]
+
+    @property
+    def width(self) -> int:
+        return 0 if self.mask is None else self.mask.shape[1]
+
+    def _layers(self) -> list[SlabLayer]:
+        assert self.cache is not None
+        return self.cache.layers  # type: ignore[return-value]
+
+    def add(self, rows: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
+        """Append rows; each is, per layer, (keys, values) of one prefilled sequence (1, H, l, D)."""
+        lengths = [row[0][0].shape[-2] for row in rows]
+        width = max([self.width, *lengths])
+        device = rows[0][0][0].device
+        masks = [] if self.mask is None else [_pad_left(self.mask, width)]
+        masks += [_pad_left(torch.ones(1, n, dtype=torch.long, device=device), width) for n in lengths]
+        layers = []
+        for i in range(len(rows[0])):
+            ks, vs = [], []
+            if self.cache is not None:
+                old = self._layers()[i]
+                ks.append(_pad_left(old.keys, width))
+                vs.append(_pad_left(old.values, width))
+            for row in rows:
+                ks.append(_pad_left(row[i][0], width))
+                vs.append(_pad_left(row[i][1], width))
+            layers.append(SlabLayer(torch.cat(ks), torch.cat(vs), capacity=width + 64))
+        self.cache = DynamicCache()
+        self.cache.layers = layers
+        self.mask = torch.cat(masks)
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only `rows` (indices into the batch), then drop all-padding columns."""
+        if not rows:
+            self.cache, self.mask = None, None
+            return
+        assert self.mask is not None
+        index = torch.tensor(rows, device=self.mask.device)
+        mask = self.mask.index_select(0, index)
+        live = torch.nonzero(mask.sum(0)).flatten()
+        start = int(live[0]) if live.numel() else mask.shape[1]
+        self.mask = mask[:, start:]
+        for layer in self._layers():
+            layer._k = layer._k.index_select(0, index)[:, :, start:].contiguous()
+            layer._v = layer._v.index_select(0, index)[:, :, start:].contiguous()
+            layer.length -= start
+
+    def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention mask (B, width+1) and position ids (B, 1) for one decode step."""
+        assert self.mask is not None
+        ones = torch.ones(self.size, 1, dtype=self.mask.dtype, device=self.mask.device)
+        mask = torch.cat([self.mask, ones], dim=1)
+        positions = self.mask.sum(1, keepdim=True)
+        return mask, positions
+
+    def commit_step(self, mask: torch.Tensor) -> None:
+        self.mask = mask
+
+
+def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero-pad dim -2 (KV) or dim 1 (mask, 2-D) on the left up to `width`."""
+    dim = 1 if t.dim() == 2 else -2
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)

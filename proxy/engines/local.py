@@ -1,0 +1,430 @@
+"""The embedded engine: a transformers model with continuous batching in one thread.
+
+Requests arrive from the event loop; a worker thread owns the model and runs a
+loop of steps. Each step admits waiting requests (a single-sequence prefill each,
+whose KV rows then join the batch), decodes one token for every running row in
+one forward pass, samples per row, checks stop conditions and streams each new
+token back to its request. Weight updates are applied between steps, so nothing
+in flight is dropped; every token records the version that produced it.
+Runs on cpu, cuda or npu (torch_npu is imported only for npu).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from proxy.config import EngineConfig
+from proxy.engines.base import (
+    EngineRequestError,
+    EngineUnavailable,
+    ModelInfo,
+    SamplingParams,
+    StreamDelta,
+)
+from transformers.cache_utils import DynamicCache
+
+from proxy.engines.kv import BatchKV
+from proxy.engines.model_files import resolve_model
+from proxy.engines.sampling import sample
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def select_device(device: str) -> torch.device:
+    """cpu / cuda / npu; torch_npu is imported only when asked for (it breaks torch without Ascend)."""
+    if device == "npu":
+        import torch_npu  # noqa: F401
+
+        if not torch.npu.is_available():  # type: ignore[attr-defined]
+            raise EngineUnavailable("device npu requested but no Ascend NPU is available")
+        return torch.device("npu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise EngineUnavailable("device cuda requested but CUDA is not available")
+    return torch.device(device)
+
+
+def load_weights_file(path: str) -> dict[str, torch.Tensor]:
+    """Read safetensors weights from a file or a directory of shards."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+    if not files or not all(f.is_file() for f in files):
+        raise FileNotFoundError(f"no safetensors weights at {path}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+@dataclass(eq=False)
+class _Request:
+    input_ids: list[int]
+    params: SamplingParams
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue
+    generator: torch.Generator | None
+    generated: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    last_token: int = 0
+
+
+@dataclass
+class _WeightUpdate:
+    state: dict[str, torch.Tensor]
+    version: int
+    done: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+class LocalEngine:
+    """Engine protocol implementation on an in-process transformers model."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self._version = 0
+        self._info: ModelInfo | None = None
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self._device = torch.device("cpu")
+        self._waiting: deque[_Request] = deque()
+        self._updates: deque[_WeightUpdate] = deque()
+        self._running: list[_Request] = []
+        self._kv = BatchKV()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._error: BaseException | None = None
+        self.stats = {"steps": 0, "tokens": 0, "prefill_tokens": 0, "requests": 0}
+        self._stop_strings_window: dict[str, int] = {}
+
+    # -- protocol -----------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def info(self) -> ModelInfo:
+        if self._info is None:
+            raise EngineUnavailable("engine not started")
+        return self._info
+
+    async def start(self) -> None:
+        # The model is loaded, and every torch op runs, on the engine thread alone: two
+        # threads with OpenMP teams on a small machine spin against each other.
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future = loop.create_future()
+        self._thread = threading.Thread(target=self._run, args=(loop, ready), name="local-engine", daemon=True)
+        self._thread.start()
+        await ready
+
+    async def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
+
+    async def health(self) -> dict[str, Any]:
+        if self._error is not None or self._thread is None or not self._thread.is_alive():
+            raise EngineUnavailable(f"local engine is not running: {self._error!r}")
+        return {
+            "backend": "local",
+            "version": self._version,
+            "running": len(self._running),
+            "waiting": len(self._waiting),
+            **self.stats,
+        }
+
+    async def stream(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str,
+        affinity: str | None = None,
+    ) -> AsyncIterator[StreamDelta]:
+        if self._thread is None or not self._thread.is_alive():
+            raise EngineUnavailable(f"local engine is not running: {self._error!r}")
+        if not input_ids:
+            raise EngineRequestError("empty prompt")
+        if len(input_ids) >= self.info.max_context:
+            raise EngineRequestError(
+                f"prompt of {len(input_ids)} tokens does not fit the context of {self.info.max_context}"
+            )
+        generator = None
+        if params.seed is not None and not params.greedy:
+            generator = torch.Generator(device=self._device).manual_seed(params.seed)
+        req = _Request(
+            input_ids=list(input_ids),
+            params=params,
+            request_id=request_id,
+            loop=asyncio.get_running_loop(),
+            out=asyncio.Queue(),
+            generator=generator,
+        )
+        with self._wake:
+            self._waiting.append(req)
+            self._wake.notify()
+        try:
+            while True:
+                delta = await req.out.get()
+                if isinstance(delta, BaseException):
+                    raise delta
+                yield delta
+                if delta.finish_reason is not None:
+                    return
+        finally:
+            req.cancelled = True  # consumer gone (client disconnect): free the row
+
+    async def update_weights(self, path: str, version: int) -> None:
+        state = await asyncio.to_thread(load_weights_file, path)
+        loop = asyncio.get_running_loop()
+        update = _WeightUpdate(state=state, version=version, done=loop.create_future(), loop=loop)
+        with self._wake:
+            self._updates.append(update)
+            self._wake.notify()
+        await update.done
+
+    # -- loading ------------------------------------------------------------------
+    def _load(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self.cfg.threads > 0:
+            torch.set_num_threads(self.cfg.threads)
+        self._device = select_device(self.cfg.device)
+        path = resolve_model(self.cfg.model, self.cfg.cache_dir)
+        dtype = _DTYPES.get(self.cfg.dtype) or (torch.float32 if self._device.type == "cpu" else torch.bfloat16)
+        t0 = time.perf_counter()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self._device).eval()
+        log.info("loaded %s on %s (%s) in %.1fs", path, self._device, dtype, time.perf_counter() - t0)
+        eos = set()
+        for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                eos.add(source)
+            elif source:
+                eos.update(source)
+        ctx = getattr(self.model.config, "max_position_embeddings", None) or 4096
+        self._info = ModelInfo(model_path=path, max_context=int(ctx), eos_token_ids=tuple(sorted(eos)))
+
+    # -- worker thread --------------------------------------------------------------
+    def _run(self, loop: asyncio.AbstractEventLoop, ready: asyncio.Future) -> None:
+        try:
+            self._load()
+        except BaseException as exc:
+            self._error = exc
+            loop.call_soon_threadsafe(_resolve, ready, exc)
+            return
+        loop.call_soon_threadsafe(_resolve, ready, None)
+        try:
+            with torch.inference_mode():
+                while True:
+                    with self._wake:
+                        while not (self._stopping or self._waiting or self._running or self._updates):
+                            self._wake.wait()
+                        if self._stopping:
+                            break
+                    self._apply_updates()
+                    self._admit()
+                    if self._running:
+                        self._decode()
+        except BaseException as exc:  # the engine thread must report, never die silently
+            log.exception("local engine crashed")
+            self._error = exc
+        finally:
+            self._fail_all(EngineUnavailable(f"local engine stopped: {self._error!r}"))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._wake:
+            pending = list(self._waiting) + self._running
+            self._waiting.clear()
+            self._running = []
+            updates = list(self._updates)
+            self._updates.clear()
+        for req in pending:
+            req.loop.call_soon_threadsafe(req.out.put_nowait, exc)
+        for u in updates:
+            u.loop.call_soon_threadsafe(_resolve, u.done, exc)
+
+    def _apply_updates(self) -> None:
+        while self._updates:
+            update = self._updates.popleft()
+            try:
+                missing, unexpected = self.model.load_state_dict(update.state, strict=False)
+                missing = [m for m in missing if not m.endswith("lm_head.weight")]
+                if missing or unexpected:
+                    raise ValueError(f"weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+                self._version = update.version
+                result: BaseException | None = None
+            except Exception as exc:  # report to the caller; the old weights stay in place
+                result = exc
+            update.loop.call_soon_threadsafe(_resolve, update.done, result)
+
+    def _admit(self) -> None:
+        """Prefill waiting requests and add them to the running batch.
+
+        Identical prompts (the n samples of one task) are prefilled once; distinct
+        prompts are right-padded into batches of at most `_PREFILL_TOKENS` tokens.
+        Right padding needs no attention mask: causal attention keeps every real
+        position exact, and the padded tail of each row's KV is cut off.
+        """
+        budget = self.cfg.max_batch_size - len(self._running)
+        taken: list[_Request] = []
+        with self._wake:
+            while budget > len(taken) and self._waiting:
+                req = self._waiting.popleft()
+                if not req.cancelled:
+                    taken.append(req)
+        if not taken:
+            return
+        by_prompt: dict[tuple[int, ...], list[_Request]] = {}
+        for req in taken:
+            by_prompt.setdefault(tuple(req.input_ids), []).append(req)
+        prompts = sorted(by_prompt, key=len)
+        admitted: list[_Request] = []
+        rows: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        for chunk in _prefill_chunks(prompts):
+            logits, kv = self._prefill(chunk)
+            for i, prompt in enumerate(chunk):
+                reqs = by_prompt[prompt]
+                finished = self._emit(reqs, logits[i : i + 1].expand(len(reqs), -1))
+                for req in reqs:
+                    if req in finished:
+                        continue
+                    admitted.append(req)
+                    rows.append([(k[i : i + 1, :, : len(prompt)], v[i : i + 1, :, : len(prompt)]) for k, v in kv])
+        if admitted:
+            self._kv.add(rows)
+            self._running.extend(admitted)
+
+    def _prefill(self, prompts: list[tuple[int, ...]]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """One forward over right-padded prompts: last-position logits (P, V) and per-layer KV."""
+        longest = len(prompts[-1])
+        pad = self.info.eos_token_ids[0] if self.info.eos_token_ids else 0
+        ids = torch.full((len(prompts), longest), pad, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, : len(prompt)] = torch.tensor(prompt)
+        last = sorted({len(p) - 1 for p in prompts})
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids.to(self._device),
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=torch.tensor(last, device=self._device),
+        )
+        column = {pos: j for j, pos in enumerate(last)}
+        picks = torch.tensor([column[len(p) - 1] for p in prompts], device=self._device)
+        logits = out.logits[torch.arange(len(prompts), device=self._device), picks]
+        self.stats["prefill_tokens"] += sum(len(p) for p in prompts)
+        self.stats["requests"] += len(prompts)
+        return logits, [(layer.keys, layer.values) for layer in cache.layers]
+
+    def _decode(self) -> None:
+        rows = [r for r in self._running if r.cancelled]
+        if rows:
+            self._drop(rows)
+            if not self._running:
+                return
+        mask, positions = self._kv.step_inputs()
+        ids = torch.tensor([[r.last_token] for r in self._running], device=self._device)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=self._kv.cache,
+            use_cache=True,
+        )
+        self._kv.commit_step(mask)
+        self.stats["steps"] += 1
+        finished = self._emit(self._running, out.logits[:, -1])
+        if finished:
+            self._drop(finished)
+
+    def _drop(self, rows: list[_Request]) -> None:
+        gone = {id(r) for r in rows}
+        keep = [i for i, r in enumerate(self._running) if id(r) not in gone]
+        self._running = [self._running[i] for i in keep]
+        self._kv.keep(keep)
+
+    def _emit(self, reqs: list[_Request], logits: torch.Tensor) -> list[_Request]:
+        """Sample one token per request, stream it, and return the requests that finished."""
+        sampled = sample(logits, [r.params for r in reqs], [r.generator for r in reqs])
+        version = self._version
+        finished = []
+        for i, req in enumerate(reqs):
+            token = sampled.token_ids[i]
+            req.generated.append(token)
+            req.last_token = token
+            reason, matched = self._finish(req, token)
+            delta = StreamDelta(
+                token_ids=[token],
+                logprobs=[sampled.logprobs[i]],
+                versions=[version],
+                top_logprobs=[sampled.top_logprobs[i]] if req.params.top_logprobs else None,
+                finish_reason=reason,
+                matched_stop=matched,
+            )
+            req.loop.call_soon_threadsafe(req.out.put_nowait, delta)
+            if reason is not None:
+                finished.append(req)
+        self.stats["tokens"] += len(reqs)
+        return finished
+
+    def _finish(self, req: _Request, token: int) -> tuple[Any, int | str | None]:
+        p = req.params
+        if not p.ignore_eos and token in self.info.eos_token_ids:
+            return "stop", token
+        if token in p.stop_token_ids:
+            return "stop", token
+        if p.stop:
+            tail = self.tokenizer.decode(req.generated[-_stop_window(p.stop) :], skip_special_tokens=False)
+            for s in p.stop:
+                if s in tail:
+                    return "stop", s
+        if len(req.generated) >= p.max_new_tokens:
+            return "length", None
+        if len(req.input_ids) + len(req.generated) >= self.info.max_context:
+            return "length", None
+        return None, None
+
+
+_PREFILL_TOKENS = 4096  # padded tokens per prefill forward
+
+
+def _prefill_chunks(prompts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
+    """Group length-sorted prompts so each padded batch stays within the token budget."""
+    chunks: list[list[tuple[int, ...]]] = []
+    for prompt in prompts:
+        if chunks and len(prompt) * (len(chunks[-1]) + 1) <= _PREFILL_TOKENS:
+            chunks[-1].append(prompt)
+        else:
+            chunks.append([prompt])
+    return chunks
+
+
+def _stop_window(stops: tuple[str, ...]) -> int:
+    """Tokens to decode when looking for a stop string (a token covers at least one char)."""
+    return max(len(s) for s in stops) + 2
+
+
+def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

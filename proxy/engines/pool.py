@@ -1,0 +1,416 @@
+"""The engine servers behind the SGLang and vLLM backends, and how requests are routed to them.
+
+A conversation (`affinity`) sticks to one server while that server is alive, so the server's
+prefix cache is reused turn after turn; a new conversation goes to the live server with the
+fewest requests in flight. A server that fails (connect error, timeout, 5xx, malformed answer)
+leaves rotation for `retry_dead_after_s`, then is tried again. A request that fails before its
+first token is retried on another server, at most `retries` times; once tokens were streamed a
+failure surfaces as `EngineUnavailable`, never as a second, duplicate generation.
+
+Also here, because both HTTP backends need them: server-sent-event reading, error bodies → the
+engine errors, weight-version labels → integer versions, and model facts from config files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proxy.engines.base import EngineRequestError, EngineUnavailable, ModelInfo, StreamDelta
+
+log = logging.getLogger(__name__)
+
+
+class ServerError(RuntimeError):
+    """One engine server failed; `dead` takes it out of rotation (False for 429: busy, not broken)."""
+
+    def __init__(self, message: str, *, dead: bool = True) -> None:
+        super().__init__(message)
+        self.dead = dead
+
+
+@dataclass(eq=False)
+class Server:
+    url: str
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    dead_until: float = 0.0
+    last_error: str = ""
+
+    def alive(self, now: float) -> bool:
+        return now >= self.dead_until
+
+
+class ServerPool:
+    """Routing state of the engine servers: pure bookkeeping, no network."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        retries: int = 2,
+        dead_after_s: float = 10.0,
+        max_affinities: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not urls:
+            raise ValueError("engine.urls is empty: list the engine server base URLs")
+        self.servers = [Server(url.rstrip("/")) for url in dict.fromkeys(urls)]
+        self.retries = retries
+        self.dead_after_s = dead_after_s
+        self.max_affinities = max_affinities
+        self._clock = clock
+        self._affinity: OrderedDict[str, Server] = OrderedDict()
+        self._pinned: Counter[str] = Counter()
+        self._turn = 0
+
+    def live(self) -> list[Server]:
+        now = self._clock()
+        return [s for s in self.servers if s.alive(now)]
+
+    def pick(self, affinity: str | None = None, exclude: Collection[Server] = ()) -> Server:
+        """The pinned server of `affinity` if it is usable, else the least busy live server."""
+        candidates = [s for s in self.live() if s not in exclude]
+        if not candidates:
+            raise EngineUnavailable(self.unavailable_message(exclude))
+        if affinity is not None:
+            pinned = self._affinity.get(affinity)
+            if pinned in candidates:
+                self._affinity.move_to_end(affinity)
+                return pinned
+        n = len(self.servers)
+        order = {s.url: (i - self._turn) % n for i, s in enumerate(self.servers)}
+        self._turn += 1
+        server = min(candidates, key=lambda s: (s.in_flight, self._pinned[s.url], order[s.url]))
+        if affinity is not None:
+            self._pin(affinity, server)
+        return server
+
+    def _pin(self, affinity: str, server: Server) -> None:
+        old = self._affinity.pop(affinity, None)
+        if old is not None:
+            self._pinned[old.url] -= 1
+        self._affinity[affinity] = server
+        self._pinned[server.url] += 1
+        while len(self._affinity) > self.max_affinities:
+            _, evicted = self._affinity.popitem(last=False)
+            self._pinned[evicted.url] -= 1
+
+    def mark_failed(self, server: Server, error: str) -> None:
+        server.failures += 1
+        server.last_error = error
+        server.dead_until = self._clock() + self.dead_after_s
+        log.warning("engine server %s out of rotation for %.0f s: %s", server.url, self.dead_after_s, error)
+
+    def mark_ok(self, server: Server) -> None:
+        server.dead_until = 0.0
+
+    def unavailable_message(self, exclude: Collection[Server] = ()) -> str:
+        now = self._clock()
+        parts = []
+        for s in self.servers:
+            if s in exclude:
+                parts.append(f"{s.url} already failed for this request ({s.last_error})")
+            elif not s.alive(now):
+                parts.append(f"{s.url} back in rotation in {s.dead_until - now:.1f} s ({s.last_error})")
+        return "no engine server is available: " + "; ".join(parts)
+
+    def stats(self) -> list[dict[str, Any]]:
+        now = self._clock()
+        return [
+            {
+                "url": s.url,
+                "alive": s.alive(now),
+                "in_flight": s.in_flight,
+                "requests": s.requests,
+                "failures": s.failures,
+                "affinities": self._pinned[s.url],
+                "last_error": s.last_error or None,
+                "retry_in_s": max(0.0, round(s.dead_until - now, 1)),
+            }
+            for s in self.servers
+        ]
+
+    async def stream(
+        self,
+        affinity: str | None,
+        open_stream: Callable[[Server], AsyncIterator[StreamDelta]],
+    ) -> AsyncIterator[StreamDelta]:
+        """Run `open_stream` on a picked server, retrying on another one until a token arrived."""
+        tried: list[Server] = []
+        errors: list[str] = []
+        for _ in range(self.retries + 1):
+            try:
+                server = self.pick(affinity, exclude=tried)
+            except EngineUnavailable:
+                if not errors:
+                    raise
+                break
+            tried.append(server)
+            server.in_flight += 1
+            server.requests += 1
+            produced = False
+            try:
+                async with aclosing(open_stream(server)) as deltas:
+                    async for delta in deltas:
+                        produced = True
+                        yield delta
+                return
+            except ServerError as exc:
+                if exc.dead:
+                    self.mark_failed(server, str(exc))
+                if produced:
+                    raise EngineUnavailable(
+                        f"engine server {server.url} failed mid-generation: {exc}"
+                    ) from exc
+                errors.append(f"{server.url}: {exc}")
+            finally:
+                server.in_flight -= 1
+        raise EngineUnavailable(f"engine request failed on {len(errors)} server(s): " + "; ".join(errors))
+
+    async def on_each_live(self, action: Callable[[Server], Awaitable[None]], what: str) -> None:
+        """Run `action` on every live server at once; those that fail leave rotation and are named
+        in the `EngineUnavailable` raised at the end."""
+        servers = self.live()
+        if not servers:
+            raise EngineUnavailable(self.unavailable_message())
+        if skipped := [s.url for s in self.servers if s not in servers]:
+            log.warning("%s skips servers out of rotation: %s", what, skipped)
+        results = await asyncio.gather(*(action(s) for s in servers), return_exceptions=True)
+        errors = []
+        for server, result in zip(servers, results, strict=True):
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result  # cancellation
+            if isinstance(result, Exception):
+                self.mark_failed(server, f"{what} failed: {result}")
+                errors.append(f"{server.url}: {result}")
+        if errors:
+            raise EngineUnavailable(f"{what} failed on " + "; ".join(errors))
+
+    async def check_health(self, client: httpx.AsyncClient, path: str = "/health") -> None:
+        """GET `path` on every server: a 2xx puts it back in rotation, anything else takes it out."""
+
+        async def ping(server: Server) -> None:
+            try:
+                with http_errors(server.url + path):
+                    response = await client.get(server.url + path)
+                await raise_for_status(response)
+                self.mark_ok(server)
+            except (ServerError, EngineRequestError) as exc:
+                self.mark_failed(server, f"health check: {exc}")
+
+        await asyncio.gather(*(ping(s) for s in self.servers))
+        if not self.live():
+            raise EngineUnavailable(self.unavailable_message())
+
+
+# ---- what both HTTP backends share on the wire ----
+
+
+def http_client(timeout_s: float) -> httpx.AsyncClient:
+    """One pooled client per engine; engine servers are internal, so proxy env vars are ignored."""
+    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+
+
+@contextmanager
+def http_errors(url: str) -> Iterator[None]:
+    """Turn transport failures towards `url` into `ServerError`."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise ServerError(f"{url} timed out ({type(exc).__name__})") from exc
+    except httpx.RequestError as exc:
+        raise ServerError(f"{url} unreachable ({type(exc).__name__}: {exc})") from exc
+
+
+def error_from_body(body: Any, status: int) -> Exception:
+    """The engine error for an error answer: nested OpenAI shape, flat shape, or plain text."""
+    err = body.get("error", body) if isinstance(body, dict) else body
+    message = err
+    if isinstance(err, dict):
+        message = err.get("message") or err.get("detail") or json.dumps(err)
+        code = err.get("code")
+        if isinstance(code, int) and 400 <= code < 600:
+            status = code
+    message = str(message) or f"HTTP {status}"
+    if status == 429:
+        return ServerError(f"busy: {message}", dead=False)
+    if 400 <= status < 500:
+        return EngineRequestError(message)
+    return ServerError(f"HTTP {status}: {message}")
+
+
+async def raise_for_status(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    raw = (await response.aread()).decode(errors="replace")
+    try:
+        body: Any = json.loads(raw)
+    except json.JSONDecodeError:
+        body = raw.strip()
+    raise error_from_body(body, response.status_code)
+
+
+async def post_json(client: httpx.AsyncClient, url: str, body: Any = None, **kwargs: Any) -> Any:
+    """POST and return the decoded JSON answer (None for an empty one); errors as engine errors."""
+    with http_errors(url):
+        response = await client.post(url, json=body, **kwargs)
+        await raise_for_status(response)
+    return answer_json(response, url)
+
+
+async def get_json(client: httpx.AsyncClient, url: str) -> Any:
+    with http_errors(url):
+        response = await client.get(url)
+        await raise_for_status(response)
+    return answer_json(response, url)
+
+
+def answer_json(response: httpx.Response, url: str) -> Any:
+    if not response.content.strip():
+        return None
+    try:
+        return response.json()
+    except json.JSONDecodeError as exc:
+        raise ServerError(f"{url} answered with something other than JSON: {response.text[:200]!r}") from exc
+
+
+async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
+    """The `data:` payload of each server-sent event (`[DONE]` included), read line by line."""
+    lines: list[str] = []
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            lines.append(line[5:].lstrip())
+        elif not line and lines:
+            yield "\n".join(lines)
+            lines = []
+    if lines:
+        yield "\n".join(lines)
+
+
+def decode_event(data: str, url: str) -> Any:
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise ServerError(f"{url} sent a malformed stream event: {data[:200]!r}") from exc
+
+
+class WeightVersions:
+    """Engine weight-version labels (strings) ↔ the proxy's integer versions.
+
+    Int-like labels are the version itself; any other label ("default", "step-3") maps to
+    the version that was current when it was first seen, or to the one it was set with.
+    """
+
+    def __init__(self) -> None:
+        self.current = 0
+        self._labels: dict[str, int] = {}
+
+    def set(self, label: str, version: int) -> None:
+        self._labels[label] = version
+        self.current = max(self.current, version)
+
+    def to_int(self, label: Any) -> int:
+        if label is None:
+            return self.current
+        label = str(label)
+        if label not in self._labels:
+            try:
+                self._labels[label] = int(label)
+            except ValueError:
+                self._labels[label] = self.current
+        version = self._labels[label]
+        self.current = max(self.current, version)
+        return version
+
+    def per_token(self, spans: Any, label: Any, start: int, count: int) -> list[int]:
+        """Versions of output tokens start..start+count from `[{version, start, end}]` spans."""
+        fallback = self.to_int(label)
+        versions = [fallback] * count
+        for span in spans or ():
+            version = self.to_int(span.get("version"))
+            lo, hi = max(int(span.get("start", 0)), start), min(int(span.get("end", 0)), start + count)
+            for i in range(lo, hi):
+                versions[i - start] = version
+        return versions
+
+
+FALLBACK_CONTEXT = 4096  # when neither the server nor the model config names a context length
+
+
+async def resolve_model_info(
+    reported: list[Any], configured: str, served_context: int | None, kv_limit: int | None = None
+) -> ModelInfo:
+    """`ModelInfo` from what a server reports and the model's own config files.
+
+    The tokenizer path is a reported path that exists here, else a reported hub id, else the
+    configured model; the context length is the server's, else the config's, capped by the
+    server's KV-cache capacity.
+    """
+    names = [str(p) for p in reported if p]
+    local = [n for n in [*names, configured] if Path(n).expanduser().exists()]
+    hub_ids = [n for n in names if not Path(n).is_absolute()]
+    model_path = (local or hub_ids or [configured])[0]
+    config_context, eos = await asyncio.to_thread(model_facts, model_path)
+    max_context = served_context or config_context
+    if not max_context:
+        log.warning("context length of %s unknown; assuming %d", model_path, FALLBACK_CONTEXT)
+        max_context = FALLBACK_CONTEXT
+    if kv_limit:
+        max_context = min(max_context, kv_limit)
+    return ModelInfo(model_path=model_path, max_context=max_context, eos_token_ids=eos)
+
+
+def model_facts(path: str) -> tuple[int | None, tuple[int, ...]]:
+    """Context length and EOS ids from the model's config files (None / () when unreadable).
+
+    Local files and the hub cache are read first; the hub is asked only for a non-local id,
+    once: when that fails (offline, unknown id) the rest is read from the cache or skipped.
+    """
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    local = Path(path).expanduser()
+    online = not local.exists() and not local.is_absolute()  # a hub id, not another host's path
+    loaded: dict[str, Any] = {}
+    for loader in (AutoConfig, GenerationConfig, AutoTokenizer):
+        for local_only in (True, False) if online else (True,):
+            try:
+                loaded[loader.__name__] = loader.from_pretrained(path, local_files_only=local_only)
+                break
+            except (OSError, ValueError, KeyError, ImportError) as exc:  # no such file, or offline
+                if not local_only:
+                    online = False
+                    log.warning("could not read %s of %s: %s", loader.__name__, path, exc)
+    max_context: int | None = None
+    eos: list[int] = []
+    if (config := loaded.get("AutoConfig")) is not None:
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+            if isinstance(getattr(config, key, None), int):
+                max_context = getattr(config, key)
+                break
+        eos += _ids(getattr(config, "eos_token_id", None))
+    if (generation := loaded.get("GenerationConfig")) is not None:
+        eos += _ids(generation.eos_token_id)
+    if (tokenizer := loaded.get("AutoTokenizer")) is not None:
+        eos += _ids(tokenizer.eos_token_id)
+    return max_context, tuple(dict.fromkeys(eos))
+
+
+def _ids(value: Any) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    return [v for v in value if isinstance(v, int)] if isinstance(value, list | tuple) else []

@@ -1,0 +1,323 @@
+"""SGLang backend: the native `/generate` API, token ids in, sampled ids + logprobs out.
+
+Written and checked against the sglang 0.5.23 source; older servers are read too
+(`/get_model_info` instead of `/model_info`, per-chunk `weight_version` where per-token
+`weight_versions` spans are missing). Each request asks for the logprob of
+every sampled token (`return_logprob`, `logprob_start_len: -1`) and keeps stop strings and
+special tokens in place (`no_stop_trim`, `skip_special_tokens: false`); `output_ids` always
+end with the matched stop token. Streamed chunks are cumulative unless the server runs with
+`--incremental-streaming-output`; `StreamDecoder` detects which and yields deltas.
+
+Weight updates pause every server with mode "retract", load the new weights from disk, and
+continue. Retract moves running requests back to the waiting queue with their tokens so far
+and drops their KV cache; on continue they are re-prefilled under the new weights and go on
+sampling, so nothing in flight is lost and no stale KV is reused: while paused, the cache
+flush of the update ignores the waiting queue. ("in_place" keeps the running batch, so that
+flush fails and the scheduler asserts; "abort", the default, drops the requests; servers
+older than the pause modes take "abort".)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from proxy.config import EngineConfig
+from proxy.engines.base import (
+    EngineRequestError,
+    EngineUnavailable,
+    FinishReason,
+    ModelInfo,
+    SamplingParams,
+    StreamDelta,
+)
+from proxy.engines.pool import (
+    Server,
+    ServerError,
+    ServerPool,
+    WeightVersions,
+    answer_json,
+    decode_event,
+    error_from_body,
+    get_json,
+    http_client,
+    http_errors,
+    post_json,
+    raise_for_status,
+    resolve_model_info,
+    sse_data,
+)
+
+log = logging.getLogger(__name__)
+
+
+def build_generate_request(
+    input_ids: list[int], params: SamplingParams, request_id: str, *, stream: bool = True
+) -> dict[str, Any]:
+    """The `/generate` body; `sampling_params` keys must be ones SGLang knows (it rejects others)."""
+    sampling: dict[str, Any] = {
+        "max_new_tokens": params.max_new_tokens,  # SGLang's default is 128
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "stop": list(params.stop),
+        "stop_token_ids": list(params.stop_token_ids),
+        "ignore_eos": params.ignore_eos,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+    }
+    if params.seed is not None:
+        sampling["sampling_seed"] = params.seed
+    return {
+        "input_ids": list(input_ids),
+        "sampling_params": sampling,
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "top_logprobs_num": params.top_logprobs,
+        "return_text_in_logprobs": False,
+        "rid": request_id,
+        "stream": stream,
+    }
+
+
+def parse_finish(reason: Any, last_token: int | None) -> tuple[FinishReason, int | str | None, str | None]:
+    """`meta_info.finish_reason` → (finish reason, matched stop, abort message)."""
+    kind = reason.get("type") if isinstance(reason, dict) else None
+    if kind == "stop":
+        matched = reason.get("matched")
+        if isinstance(matched, list):  # a multi-token stop sequence
+            matched = last_token if last_token in matched else (matched[0] if matched else None)
+        return "stop", matched, None
+    if kind == "length":
+        return "length", None, None
+    if kind == "abort":
+        return "abort", None, str(reason.get("message") or "aborted by the engine")
+    return "abort", None, f"unknown finish reason {reason!r}"
+
+
+class StreamDecoder:
+    """Turns `/generate` chunks (cumulative or incremental) into `StreamDelta`s.
+
+    `incremental=None` detects the mode: cumulative chunks repeat every token so far, so
+    their length equals `meta_info.completion_tokens` (or begins with the tokens seen).
+    """
+
+    def __init__(self, versions: WeightVersions, *, top_logprobs: int = 0, incremental: bool | None = None):
+        self.versions = versions
+        self.top_logprobs = top_logprobs
+        self.incremental = incremental
+        self.ids: list[int] = []
+        self.finished = False
+
+    def feed(self, chunk: dict[str, Any]) -> StreamDelta | None:
+        if "error" in chunk:
+            raise error_from_body(chunk, 500)
+        meta = chunk.get("meta_info") or {}
+        entries = meta.get("output_token_logprobs") or []
+        ids = chunk.get("output_ids")
+        ids = [int(e[1]) for e in entries] if ids is None else ids
+        total = meta.get("output_token_logprobs_length", meta.get("completion_tokens"))
+        seen = 0 if self._is_incremental(ids, total) else len(self.ids)
+        new_ids = [int(i) for i in ids[seen:]]
+        new_entries = entries[seen:]
+        if [int(e[1]) for e in new_entries] != new_ids or any(e[0] is None for e in new_entries):
+            raise ServerError(f"output_token_logprobs {new_entries!r} do not match output_ids {new_ids!r}")
+        delta = StreamDelta(
+            token_ids=new_ids,
+            logprobs=[float(e[0]) for e in new_entries],
+            versions=self.versions.per_token(
+                meta.get("weight_versions"), meta.get("weight_version"), len(self.ids), len(new_ids)
+            ),
+            top_logprobs=self._top_logprobs(meta, seen, len(new_ids)),
+        )
+        self.ids += new_ids
+        reason = meta.get("finish_reason")
+        if reason is not None:
+            self._finish(delta, reason)
+        return delta if delta.token_ids or delta.finish_reason else None
+
+    def _is_incremental(self, ids: list[int], total: Any) -> bool:
+        if self.incremental is None and self.ids:  # the first chunk reads the same either way
+            if isinstance(total, int):
+                self.incremental = len(ids) != total
+            else:
+                self.incremental = list(ids[: len(self.ids)]) != self.ids
+        return bool(self.incremental)
+
+    def _top_logprobs(self, meta: dict[str, Any], seen: int, n: int) -> list[list[tuple[int, float]]] | None:
+        """One row per new token (kept aligned even if a chunk omits them), best first."""
+        if self.top_logprobs <= 0:
+            return None
+        if meta.get("output_top_logprobs") is None:
+            return [[] for _ in range(n)]
+        rows = meta["output_top_logprobs"][seen:]
+        if len(rows) != n:
+            raise ServerError(f"{len(rows)} output_top_logprobs rows for {n} new tokens")
+        return [[(int(e[1]), float(e[0])) for e in (row or [])][: self.top_logprobs] for row in rows]
+
+    def _finish(self, delta: StreamDelta, reason: Any) -> None:
+        last = self.ids[-1] if self.ids else None
+        delta.finish_reason, delta.matched_stop, delta.abort_message = parse_finish(reason, last)
+        status = reason.get("status_code") if isinstance(reason, dict) else None
+        if delta.finish_reason == "abort" and not self.ids and isinstance(status, int) and status < 500:
+            raise EngineRequestError(delta.abort_message or "request rejected by the engine")
+        self.finished = True
+
+
+def parse_generate_body(
+    body: dict[str, Any], versions: WeightVersions | None = None, *, top_logprobs: int = 0
+) -> StreamDelta:
+    """A non-streamed `/generate` answer as one delta carrying the finish reason."""
+    decoder = StreamDecoder(versions or WeightVersions(), top_logprobs=top_logprobs)
+    delta = decoder.feed(body)
+    if delta is None or not decoder.finished:
+        raise ServerError(f"/generate answered without a finish reason: {str(body)[:200]}")
+    return delta
+
+
+def _lookup(info: Any, key: str, depth: int = 2) -> Any:
+    """`key` at the top of `info` or in its nested sections (server args may be grouped)."""
+    if not isinstance(info, dict):
+        return None
+    if info.get(key) is not None:
+        return info[key]
+    for value in info.values():
+        if depth and (found := _lookup(value, key, depth - 1)) is not None:
+            return found
+    return None
+
+
+class SGLangEngine:
+    """The `Engine` protocol over one or more SGLang servers."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self.pool = ServerPool(cfg.urls, retries=cfg.retries, dead_after_s=cfg.retry_dead_after_s)
+        self._versions = WeightVersions()
+        self._client: httpx.AsyncClient | None = None
+        self._info: ModelInfo | None = None
+        self._update_lock = asyncio.Lock()
+
+    @property
+    def version(self) -> int:
+        return self._versions.current
+
+    @property
+    def info(self) -> ModelInfo:
+        if self._info is None:
+            raise EngineUnavailable("the SGLang engine is not started")
+        return self._info
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise EngineUnavailable("the SGLang engine is not started")
+        return self._client
+
+    async def start(self) -> None:
+        self._client = http_client(self.cfg.timeout_s)
+        answers = await asyncio.gather(*(self._model_info(s) for s in self.pool.servers))
+        infos = [(s, a) for s, a in zip(self.pool.servers, answers, strict=True) if a is not None]
+        if not infos:
+            raise EngineUnavailable("no SGLang server answered /model_info: " + str(self.pool.stats()))
+        server, first = infos[0]
+        if len({a.get("model_path") for _, a in infos}) > 1:
+            log.warning("SGLang servers serve different models: %s", [a.get("model_path") for _, a in infos])
+        for _, answer in infos:
+            self._versions.to_int(answer.get("weight_version"))
+        served, kv_limit = await self._served_context(server)
+        reported = [first.get("model_path"), first.get("tokenizer_path")]
+        self._info = await resolve_model_info(reported, self.cfg.model, served, kv_limit)
+
+    async def _model_info(self, server: Server) -> dict[str, Any] | None:
+        """`GET /model_info`, or `/get_model_info` on servers older than 0.5; None when down."""
+        try:
+            for path in ("/model_info", "/get_model_info"):
+                url = server.url + path
+                with http_errors(url):
+                    response = await self._http.get(url)
+                    if response.status_code != 404:
+                        await raise_for_status(response)
+                        return answer_json(response, url)
+            raise ServerError(f"{server.url} has neither /model_info nor /get_model_info")
+        except (ServerError, EngineRequestError) as exc:
+            self.pool.mark_failed(server, str(exc))
+            return None
+
+    async def _served_context(self, server: Server) -> tuple[int | None, int | None]:
+        """(context length, KV-cache token capacity) as the server reports them, if it does."""
+        info: Any = None
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                info = await get_json(self._http, server.url + path)
+                break
+            except (ServerError, EngineRequestError):
+                continue
+        context = _lookup(info, "context_length")
+        if not isinstance(context, int):
+            try:
+                models = await get_json(self._http, server.url + "/v1/models")
+                context = (models.get("data") or [{}])[0].get("max_model_len")
+            except (ServerError, EngineRequestError, AttributeError):
+                context = None
+        kv_limit = _lookup(info, "max_total_num_tokens")
+        return (context if isinstance(context, int) else None), (
+            kv_limit if isinstance(kv_limit, int) else None
+        )
+
+    def stream(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str,
+        affinity: str | None = None,
+    ) -> AsyncIterator[StreamDelta]:
+        payload = build_generate_request(input_ids, params, request_id)
+        client = self._http
+
+        async def open_stream(server: Server) -> AsyncIterator[StreamDelta]:
+            decoder = StreamDecoder(self._versions, top_logprobs=params.top_logprobs)
+            url = server.url + "/generate"
+            with http_errors(url):
+                async with client.stream("POST", url, json=payload) as response:
+                    await raise_for_status(response)
+                    async for data in sse_data(response):
+                        if data == "[DONE]":
+                            break
+                        delta = decoder.feed(decode_event(data, url))
+                        if delta is not None:
+                            yield delta
+            if not decoder.finished:
+                raise ServerError(f"{url} ended the stream without a finish reason")
+
+        return self.pool.stream(affinity, open_stream)
+
+    async def update_weights(self, path: str, version: int) -> None:
+        async with self._update_lock:
+            await self.pool.on_each_live(lambda s: self._update_server(s, path, version), "weight update")
+
+    async def _update_server(self, server: Server, path: str, version: int) -> None:
+        await post_json(self._http, server.url + "/pause_generation", {"mode": "retract"})
+        try:
+            body = {"model_path": path, "weight_version": str(version), "abort_all_requests": False}
+            answer = await post_json(self._http, server.url + "/update_weights_from_disk", body)
+            if isinstance(answer, dict) and answer.get("success") is False:
+                raise EngineRequestError(str(answer.get("message")))
+        finally:
+            await post_json(self._http, server.url + "/continue_generation", {})
+        self._versions.set(str(version), version)
+
+    async def health(self) -> dict[str, Any]:
+        await self.pool.check_health(self._http)
+        return {"backend": "sglang", "version": self.version, "servers": self.pool.stats()}
+
+    async def stop(self) -> None:
+        """Close the connections; SGLang aborts the requests whose streams were closed."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None

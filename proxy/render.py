@@ -1,0 +1,168 @@
+"""Prompt token ids from chat messages: templates, tools, and token-exact continuation.
+
+The model's own chat template renders the conversation. Templates that take
+`tools` get them natively (arguments JSON-parsed first, as vLLM and SGLang do);
+for templates that ignore tools (SmolLM2's), a Hermes-style tool section is added
+to the system message and earlier tool calls / results are written in the same
+`<tool_call>` / `<tool_response>` tags the model is asked to produce.
+
+Continuation never retokenizes history: a child turn's prompt is the parent's
+exact prompt + sampled ids, then only the newly rendered text after the parent's
+reply — the template's end-of-turn glue plus the new messages — is tokenized.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.errors import invalid_request
+
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+_TOOL_SECTION = """# Tools
+
+You can call functions to help answer. The available functions are listed as JSON \
+signatures between <tools> and </tools>:
+<tools>
+{signatures}
+</tools>
+
+To call a function, reply with a JSON object holding its name and arguments between \
+<tool_call> and </tool_call>, one block per call:
+<tool_call>
+{{"name": "<function name>", "arguments": {{<arguments as a JSON object>}}}}
+</tool_call>"""
+
+
+@dataclass(frozen=True)
+class ParentTokens:
+    """What continuation needs of a parent completion."""
+
+    full_ids: list[int]  # its prompt ids + sampled ids
+    num_messages: int  # len(its request messages) + 1 (its reply)
+    ended_with_eos: bool
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]  # the full prompt
+    new_ids: list[int]  # ids beyond the parent's full sequence (all ids for a root)
+    parent_used: bool
+
+
+def _arguments_object(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except (json.JSONDecodeError, TypeError):
+        return arguments  # the model's broken JSON is shown back to it verbatim
+
+
+class Renderer:
+    def __init__(self, tokenizer: Any, eos_token_ids: tuple[int, ...]) -> None:
+        self.tokenizer = tokenizer
+        template = tokenizer.chat_template or ""
+        if not template:
+            raise ValueError("the tokenizer has no chat template; pass a chat model")
+        self.native_tools = "tools" in template
+        self.eos_texts = sorted(
+            {tokenizer.convert_ids_to_tokens(i) for i in eos_token_ids if i is not None}, key=len, reverse=True
+        )
+        self._eos_ids = set(eos_token_ids)
+
+    # -- rendering ------------------------------------------------------------------
+    def _template_messages(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict]:
+        out = []
+        for m in messages:
+            t: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
+            if self.native_tools:
+                if m.get("tool_calls"):
+                    t["tool_calls"] = [
+                        {
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {
+                                "name": c["function"]["name"],
+                                "arguments": _arguments_object(c["function"]["arguments"]),
+                            },
+                        }
+                        for c in m["tool_calls"]
+                    ]
+                if m.get("tool_call_id"):
+                    t["tool_call_id"] = m["tool_call_id"]
+                if m.get("name"):
+                    t["name"] = m["name"]
+            else:
+                if m.get("tool_calls"):
+                    blocks = [_tool_call_block(c) for c in m["tool_calls"]]
+                    t["content"] = "\n".join([t["content"], *blocks] if t["content"] else blocks)
+                if m["role"] == "tool":
+                    t = {"role": "tool", "content": f"<tool_response>\n{t['content']}\n</tool_response>"}
+            out.append(t)
+        if tools and not self.native_tools:
+            section = _TOOL_SECTION.format(signatures="\n".join(json.dumps(tool) for tool in tools))
+            if out and out[0]["role"] == "system":
+                out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{section}" if out[0]["content"] else section}
+            else:
+                out.insert(0, {"role": "system", "content": section})
+        return out
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> str:
+        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": generation_prompt}
+        if tools and self.native_tools:
+            kwargs["tools"] = tools
+        try:
+            return self.tokenizer.apply_chat_template(self._template_messages(messages, tools), **kwargs)
+        except Exception as exc:  # template-raised errors are the caller's message shape
+            raise invalid_request(f"the model's chat template rejected these messages: {exc}", "messages") from None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    # -- prompts --------------------------------------------------------------------
+    def prompt(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict] | None,
+        parent: ParentTokens | None,
+        forced_prefix: str = "",
+    ) -> Prompt:
+        """The prompt for `messages`, continuing `parent`'s exact tokens when it applies."""
+        full_text = self.render(messages, tools, generation_prompt=True) + forced_prefix
+        if parent is not None:
+            glue_and_suffix = self._continuation_text(messages, tools, parent, full_text)
+            if glue_and_suffix is not None:
+                new_ids = self.encode(glue_and_suffix)
+                return Prompt(ids=parent.full_ids + new_ids, new_ids=new_ids, parent_used=True)
+        ids = self.encode(full_text)
+        return Prompt(ids=ids, new_ids=ids, parent_used=False)
+
+    def _continuation_text(
+        self, messages: list[dict[str, Any]], tools: list[dict] | None, parent: ParentTokens, full_text: str
+    ) -> str | None:
+        k = parent.num_messages
+        upto_reply = self.render(messages[:k], tools, generation_prompt=False)
+        if not full_text.startswith(upto_reply):
+            return None  # the template re-renders history differently: start a new root
+        reply_start = self.render(messages[: k - 1], tools, generation_prompt=True)
+        region_start = len(reply_start) if upto_reply.startswith(reply_start) else 0
+        region = upto_reply[region_start:]
+        cut = -1
+        for eos in self.eos_texts:
+            cut = region.rfind(eos)
+            if cut >= 0:
+                glue = region[cut + len(eos) :] if parent.ended_with_eos else region[cut:]
+                break
+        if cut < 0:
+            glue = ""
+        return glue + full_text[len(upto_reply) :]
+
+    def ends_with_eos(self, output_ids: list[int]) -> bool:
+        return bool(output_ids) and output_ids[-1] in self._eos_ids
+
+
+def _tool_call_block(call: dict[str, Any]) -> str:
+    fn = call["function"]
+    payload = {"name": fn["name"], "arguments": _arguments_object(fn["arguments"])}
+    return f"{TOOL_CALL_OPEN}\n{json.dumps(payload, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"

@@ -1,0 +1,219 @@
+"""Rewarding and finishing sessions: the logic behind `/sessions/{id}/reward|finish`.
+
+Finishing scores the episode — an inline reward, or a registered reward function
+run on a read-only view of the session — adds that reward to the last
+completion's raw reward (per-turn rewards posted earlier stay), computes tree
+returns, and marks the session finished, all in one transaction that re-checks
+the status under a row lock. A reward function that fails marks the session
+failed with the reason. Finishing twice the same way answers the same result;
+finishing differently is a 409.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from sqlalchemy import Connection, select, update
+
+from proxy.errors import conflict, invalid_request, not_found
+from proxy.store.schema import completions, sessions
+from proxy.store.tree import full_messages, session_rows
+from rewards.builtins import resolve_reward
+from rewards.returns import tree_returns
+from rewards.scoring import Score, score, validate
+from rewards.session import CompletionView, SessionView
+
+
+def session_view(session: Any, rows: list[Any]) -> SessionView:
+    messages = full_messages(rows)
+    views = tuple(
+        CompletionView(
+            id=r.id,
+            parent_id=r.parent_id,
+            messages=tuple(messages[r.id]),
+            response=r.response,
+            finish_reason=r.finish_reason,
+            created_at=r.created_at,
+        )
+        for r in rows
+    )
+    return SessionView(
+        session_id=session.id,
+        task_id=session.task_id,
+        group_id=session.group_id,
+        reference=session.reference,
+        metadata=dict(session.metadata or {}),
+        completions=views,
+    )
+
+
+def _number(body: dict[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise invalid_request(f"{name} must be a number", name)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise invalid_request(f"{name} must be finite", name)
+    return float(value)
+
+
+def last_completion_id(conn: Connection, session_id: str) -> str | None:
+    row = conn.execute(
+        select(completions.c.id)
+        .where(completions.c.session_id == session_id)
+        .order_by(completions.c.created_at.desc(), completions.c.choice_index, completions.c.id.desc())
+        .limit(1)
+    ).first()
+    return row.id if row else None
+
+
+def _locked_session(conn: Connection, session_id: str) -> Any:
+    query = select(sessions).where(sessions.c.id == session_id)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    row = conn.execute(query).first()
+    if row is None:
+        raise not_found(f"session {session_id!r} not found", "session_id")
+    return row
+
+
+class RewardService:
+    def __init__(self, state: Any) -> None:
+        self.db = state.db
+        self.sessions = state.sessions
+        self.cfg = state.cfg.rewards
+        self.metrics = state.metrics
+
+    async def set_reward(self, session_id: str, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise invalid_request("the request body must be a JSON object")
+        reward = _number(body, "reward")
+        if reward is None:
+            raise invalid_request("reward is required", "reward")
+        completion_id = body.get("completion_id")
+        if completion_id is not None and not isinstance(completion_id, str):
+            raise invalid_request("completion_id must be a string", "completion_id")
+
+        def op(conn: Connection) -> dict[str, Any]:
+            session = _locked_session(conn, session_id)
+            if session.status != "open":
+                raise conflict(f"session {session_id} is {session.status}; rewards can no longer change")
+            target = completion_id or last_completion_id(conn, session_id)
+            if target is None:
+                raise invalid_request(f"session {session_id} has no completions to reward", "completion_id")
+            done = conn.execute(
+                update(completions)
+                .where(completions.c.id == target, completions.c.session_id == session_id)
+                .values(reward=reward)
+            )
+            if done.rowcount == 0:
+                raise not_found(f"completion {target!r} is not in session {session_id}", "completion_id")
+            return {"session_id": session_id, "completion_id": target, "reward": reward}
+
+        return await self.db.write(op)
+
+    async def finish(self, session_id: str, body: Any) -> dict[str, Any]:
+        body = body if body is not None else {}
+        if not isinstance(body, dict):
+            raise invalid_request("the request body must be a JSON object")
+        info = await self.sessions.get(session_id, fresh=True)
+        inline = _number(body, "reward")
+        fn_name = body.get("reward_fn")
+        if fn_name is not None and not isinstance(fn_name, str):
+            raise invalid_request("reward_fn must be a string", "reward_fn")
+        if inline is not None and fn_name:
+            raise invalid_request("give either reward or reward_fn, not both", "reward_fn")
+        reference = body.get("reference", info.reference)
+        if reference is not None and not isinstance(reference, (str, int, float)):
+            raise invalid_request("reference must be a string or a number", "reference")
+        reference = None if reference is None else str(reference)
+        if inline is None and not fn_name:
+            fn_name = info.reward_fn
+            if not fn_name:
+                raise invalid_request("finish needs a reward or a reward_fn (none was set at creation)", "reward")
+        spec = {"reward": inline} if inline is not None else {"reward_fn": fn_name, "reference": reference}
+        if info.status != "open":
+            return await self._already_finished(session_id, spec)
+        if inline is not None:
+            result = Score(total=inline, per_completion=None)
+        else:
+            try:
+                fn = resolve_reward(fn_name)
+            except (KeyError, ValueError) as exc:
+                raise invalid_request(str(exc.args[0] if exc.args else exc), "reward_fn") from None
+            view = await self.db.aread(lambda c: self._view(c, session_id, reference))
+            result = await score(fn, view, self.cfg.timeout_s)
+        outcome = await self.db.write(lambda c: self._apply(c, session_id, spec, result))
+        self.sessions.set_status(session_id, outcome["status"])
+        self.metrics.inc("areal_sessions_finished_total", status=outcome["status"])
+        return outcome
+
+    def _view(self, conn: Connection, session_id: str, reference: str | None) -> SessionView:
+        session, rows = session_rows(conn, session_id)
+        view = session_view(session, rows)
+        return dataclasses.replace(view, reference=reference)
+
+    async def _already_finished(self, session_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+        session = await self.db.aread(lambda c: _locked_session(c, session_id))
+        if session.finish_spec == spec:
+            return _summary(session)
+        raise conflict(
+            f"session {session_id} is already {session.status} (finished with {session.finish_spec}); "
+            f"a finish with {spec} conflicts"
+        )
+
+    def _apply(self, conn: Connection, session_id: str, spec: dict[str, Any], result: Score) -> dict[str, Any]:
+        session = _locked_session(conn, session_id)
+        if session.status != "open":
+            if session.finish_spec == spec:
+                return _summary(session)
+            raise conflict(f"session {session_id} was finished concurrently with {session.finish_spec}")
+        now = time.time()
+        if result.error is not None:
+            conn.execute(
+                update(sessions)
+                .where(sessions.c.id == session_id)
+                .values(status="failed", failure=result.error, finish_spec=spec, finished_at=now, updated_at=now)
+            )
+            return _summary(_locked_session(conn, session_id))
+        rows = conn.execute(
+            select(completions.c.id, completions.c.parent_id, completions.c.reward).where(
+                completions.c.session_id == session_id
+            )
+        ).all()
+        raw = {r.id: r.reward for r in rows}
+        if result.per_completion is not None:
+            for cid, value in result.per_completion.items():
+                raw[cid] = (raw.get(cid) or 0.0) + value
+        else:
+            last = last_completion_id(conn, session_id)
+            if last is not None:
+                raw[last] = (raw.get(last) or 0.0) + (result.total or 0.0)
+        returns = tree_returns(((r.id, r.parent_id, raw[r.id]) for r in rows), self.cfg.discount, self.cfg.aggregate)
+        for r in rows:
+            conn.execute(
+                update(completions).where(completions.c.id == r.id).values(reward=raw[r.id], ret=returns[r.id])
+            )
+        total = sum(v for v in raw.values() if v is not None) if result.per_completion is not None else result.total
+        conn.execute(
+            update(sessions)
+            .where(sessions.c.id == session_id)
+            .values(status="finished", reward=total, finish_spec=spec, finished_at=now, updated_at=now)
+        )
+        return _summary(_locked_session(conn, session_id))
+
+
+def _summary(session: Any) -> dict[str, Any]:
+    return {
+        "session_id": session.id,
+        "status": session.status,
+        "reward": session.reward,
+        "failure": session.failure,
+        "num_completions": session.num_completions,
+    }
+
+
+__all__ = ["RewardService", "session_view", "validate"]

@@ -1,0 +1,257 @@
+"""Sessions (episodes) and who may touch them.
+
+A model call names its session by the path prefix `/sessions/{id}/v1/...` or by
+a session key as its bearer token. Without `[proxy] admin_key` (the local
+default) anything else goes into an automatic session per conversation root.
+With an admin key, model calls need their session's key (or the admin key) and
+control endpoints need the admin key; a session key never reaches another session.
+Keys are stored as SHA-256 hashes. Session rows are cached; the store is the truth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, select, update
+
+from proxy.errors import APIError, conflict, forbidden, invalid_request, not_found, unauthorized
+from proxy.store.db import Database
+from proxy.store.schema import sessions
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_session_id() -> str:
+    return "sess_" + secrets.token_hex(12)
+
+
+@dataclass
+class SessionInfo:
+    id: str
+    status: str
+    auto: bool
+    key_hash: str | None
+    reward_fn: str | None = None
+    reference: str | None = None
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the bearer token and the session the path names, if any."""
+
+    token: str | None
+    path_session: str | None
+
+
+def bearer(authorization: str | None, x_api_key: str | None = None) -> str | None:
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    return x_api_key.strip() if x_api_key and x_api_key.strip() else None
+
+
+class SessionService:
+    def __init__(self, db: Database, admin_key: str, auto_sessions: bool) -> None:
+        self.db = db
+        self.admin_key = admin_key
+        self.auto_sessions = auto_sessions
+        self._by_id: dict[str, SessionInfo] = {}
+        self._by_key: dict[str, str] = {}
+
+    # -- auth -----------------------------------------------------------------------
+    def is_admin(self, token: str | None) -> bool:
+        return bool(self.admin_key) and token is not None and hmac.compare_digest(token, self.admin_key)
+
+    def require_admin(self, token: str | None) -> None:
+        if not self.admin_key:
+            return
+        if token is None:
+            raise unauthorized("this endpoint needs the admin key as a bearer token")
+        if not self.is_admin(token):
+            raise forbidden("this endpoint needs the admin key") if self._known_key(token) else unauthorized(
+                "invalid admin key"
+            )
+
+    def _known_key(self, token: str) -> bool:
+        return hash_key(token) in self._by_key
+
+    async def for_model_call(self, caller: Caller) -> SessionInfo | None:
+        """The open session a model call belongs to; None means an automatic session."""
+        token_session = await self._by_token(caller.token) if caller.token else None
+        admin = self.is_admin(caller.token)
+        if caller.path_session is not None:
+            info = await self.get(caller.path_session)
+            if self.admin_key and not admin:
+                if caller.token is None:
+                    raise unauthorized(f"session {info.id} needs its session key (or the admin key)")
+                if token_session is None:
+                    raise unauthorized("invalid API key")
+            if token_session is not None and token_session.id != info.id:
+                raise forbidden("this session key belongs to another session")
+        elif token_session is not None:
+            info = token_session
+        else:
+            if self.admin_key and not admin:
+                raise unauthorized("invalid API key: use a session key from POST /sessions, or the admin key")
+            if not self.auto_sessions:
+                raise invalid_request("no session: create one with POST /sessions and use its key or base_url")
+            return None
+        if info.status != "open":
+            raise conflict(f"session {info.id} is {info.status}; it accepts no more model calls")
+        return info
+
+    async def _by_token(self, token: str) -> SessionInfo | None:
+        digest = hash_key(token)
+        session_id = self._by_key.get(digest)
+        if session_id is None:
+            row = await self.db.aread(
+                lambda c: c.execute(select(sessions).where(sessions.c.key_hash == digest)).first()
+            )
+            if row is None:
+                return None
+            self._remember(row)
+            session_id = row.id
+        return await self.get(session_id)
+
+    # -- lookup ---------------------------------------------------------------------
+    async def get(self, session_id: str, *, fresh: bool = False) -> SessionInfo:
+        info = None if fresh else self._by_id.get(session_id)
+        if info is None:
+            row = await self.db.aread(lambda c: c.execute(select(sessions).where(sessions.c.id == session_id)).first())
+            if row is None:
+                raise not_found(f"session {session_id!r} not found", "session_id")
+            info = self._remember(row)
+        return info
+
+    def _remember(self, row: Any) -> SessionInfo:
+        info = SessionInfo(
+            id=row.id,
+            status=row.status,
+            auto=row.auto,
+            key_hash=row.key_hash,
+            reward_fn=row.reward_fn,
+            reference=row.reference,
+        )
+        self._by_id[info.id] = info
+        if info.key_hash:
+            self._by_key[info.key_hash] = info.id
+        return info
+
+    def set_status(self, session_id: str, status: str) -> None:
+        info = self._by_id.get(session_id)
+        if info is not None:
+            info.status = status
+
+    def forget(self, session_id: str) -> None:
+        info = self._by_id.pop(session_id, None)
+        if info is not None and info.key_hash:
+            self._by_key.pop(info.key_hash, None)
+
+    # -- creation -------------------------------------------------------------------
+    async def create(
+        self,
+        *,
+        task_id: str | None,
+        group_id: str | None,
+        metadata: dict[str, Any],
+        reward_fn: str | None,
+        reference: str | None,
+    ) -> tuple[SessionInfo, str]:
+        key = "sk-sess-" + secrets.token_urlsafe(24)
+        now = time.time()
+        row = {
+            "id": new_session_id(),
+            "key_hash": hash_key(key),
+            "task_id": task_id,
+            "group_id": group_id,
+            "meta": metadata,
+            "status": "open",
+            "auto": False,
+            "reward_fn": reward_fn,
+            "reference": reference,
+            "num_completions": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        await self.db.write(lambda c: c.execute(sessions.insert().values(**_columns(row))))
+        info = SessionInfo(
+            id=row["id"], status="open", auto=False, key_hash=row["key_hash"], reward_fn=reward_fn, reference=reference
+        )
+        self._by_id[info.id] = info
+        self._by_key[info.key_hash or ""] = info.id
+        return info, key
+
+
+def _columns(row: dict[str, Any]) -> dict[str, Any]:
+    """ORM attribute names → column names (`meta` is the `metadata` column)."""
+    out = dict(row)
+    if "meta" in out:
+        out["metadata"] = out.pop("meta")
+    return out
+
+
+def auto_session_row(session_id: str, now: float) -> dict[str, Any]:
+    return _columns(
+        {
+            "id": session_id,
+            "key_hash": None,
+            "task_id": None,
+            "group_id": None,
+            "meta": {},
+            "status": "open",
+            "auto": True,
+            "num_completions": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+    )
+
+
+def expire_open_sessions(conn: Connection, timeout_s: float, now: float) -> list[str]:
+    """Close sessions idle past the timeout as failed; their completions are kept."""
+    cutoff = now - timeout_s
+    ids = [
+        r.id
+        for r in conn.execute(
+            select(sessions.c.id).where(sessions.c.status == "open", sessions.c.updated_at < cutoff)
+        )
+    ]
+    if ids:
+        conn.execute(
+            update(sessions)
+            .where(sessions.c.id.in_(ids), sessions.c.status == "open")
+            .values(status="failed", failure=f"timed out: no activity for {timeout_s:.0f}s", finished_at=now)
+        )
+    return ids
+
+
+def check_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """Validate a POST /sessions body."""
+    out: dict[str, Any] = {}
+    for name in ("task_id", "group_id", "reward_fn"):
+        value = body.get(name)
+        if value is not None and not isinstance(value, (str, int)):
+            raise invalid_request(f"{name} must be a string", name)
+        out[name] = None if value is None else str(value)
+    reference = body.get("reference")
+    if reference is not None and not isinstance(reference, (str, int, float)):
+        raise invalid_request("reference must be a string or a number", "reference")
+    out["reference"] = None if reference is None else str(reference)
+    metadata = body.get("metadata", {})
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise invalid_request("metadata must be an object", "metadata")
+    out["metadata"] = metadata
+    return out
+
+
+__all__ = ["APIError", "Caller", "SessionInfo", "SessionService", "bearer"]

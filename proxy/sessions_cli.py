@@ -1,0 +1,78 @@
+"""`areal-proxy sessions list|show`: the store in the terminal, sessions as rich trees."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+from sqlalchemy import select
+
+from proxy.config import Config
+from proxy.store.db import Database
+from proxy.store.schema import sessions
+from proxy.store.tree import session_rows
+from proxy.tree_view import session_payload
+
+
+def _when(ts: float | None) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def list_sessions(cfg: Config, status: str | None, limit: int) -> int:
+    db = Database(cfg.store)
+    query = select(sessions).order_by(sessions.c.created_at.desc()).limit(limit)
+    if status:
+        query = query.where(sessions.c.status == status)
+    rows = db.read(lambda c: c.execute(query).all())
+    table = Table("session", "status", "task", "group", "turns", "reward", "versions", "created", "failure")
+    for r in rows:
+        versions = "-" if r.min_version is None else f"{r.min_version}..{r.max_version}"
+        reward = "-" if r.reward is None else f"{r.reward:g}"
+        table.add_row(
+            r.id, r.status, r.task_id or "-", r.group_id or "-", str(r.num_completions), reward, versions,
+            _when(r.created_at), (r.failure or "")[:60],
+        )
+    Console().print(table)
+    db.close()
+    return 0
+
+
+def _clip(text: str | None, n: int = 80) -> str:
+    text = (text or "").replace("\n", "⏎ ")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def show_session(cfg: Config, session_id: str, show_tokens: bool) -> int:
+    db = Database(cfg.store)
+    session, rows = db.read(lambda c: session_rows(c, session_id))
+    db.close()
+    console = Console()
+    if session is None:
+        console.print(f"[red]session {session_id} not found")
+        return 1
+    payload = session_payload(session, rows)
+    reward = "-" if session.reward is None else f"{session.reward:g}"
+    title = f"[bold]{session.id}[/] status=[bold]{session.status}[/] reward={reward} task={session.task_id or '-'}"
+    if session.failure:
+        title += f"\n[red]failure: {session.failure}"
+    tree = Tree(title)
+    branches = {}
+    for node in payload["completions"]:
+        parent = branches.get(node["parent_id"], tree)
+        message = node["response"]
+        calls = ", ".join(c["function"]["name"] for c in message.get("tool_calls") or [])
+        versions = sorted(set(node["output_versions"])) or ["-"]
+        label = (
+            f"[cyan]{node['id']}[/] turn {node['depth']} {node['finish_reason']} "
+            f"prompt={len(node['prompt_ids'])} out={len(node['output_ids'])} v={versions} "
+            f"r={node['reward']} G={node['return']}\n"
+            f"  last msg: {_clip(node['messages'][-1].get('content') if node['messages'] else '')}\n"
+            f"  reply: {_clip(message.get('content'))}" + (f" [yellow]tools: {calls}" if calls else "")
+        )
+        if show_tokens:
+            label += f"\n  output_ids: {node['output_ids']}"
+        branches[node["id"]] = parent.add(label)
+    console.print(tree)
+    return 0

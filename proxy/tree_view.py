@@ -1,0 +1,59 @@
+"""A session's recorded tree as JSON: every node with its messages and exact tokens.
+
+Rows store only the prompt ids beyond the parent's sequence; here each node's
+full prompt is rebuilt (parent prompt + parent output + its own new ids), so a
+reader sees exactly the ids the engine was given and sampled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.store.tokens import unpack_floats, unpack_ints
+from proxy.store.tree import full_messages
+
+
+def full_prompts(rows: list[Any]) -> dict[str, list[int]]:
+    by_id = {r.id: r for r in rows}
+    prompts: dict[str, list[int]] = {}
+    for row in sorted(rows, key=lambda r: r.depth):
+        parent = by_id.get(row.parent_id) if row.parent_id else None
+        base = prompts[parent.id] + unpack_ints(parent.output_ids) if parent is not None else []
+        prompts[row.id] = base + unpack_ints(row.prompt_ids)
+    return prompts
+
+
+def session_payload(session: Any, rows: list[Any]) -> dict[str, Any]:
+    messages = full_messages(rows)
+    prompts = full_prompts(rows)
+    nodes = []
+    for r in rows:
+        nodes.append(
+            {
+                "id": r.id,
+                "parent_id": r.parent_id,
+                "response_id": r.response_id,
+                "choice_index": r.choice_index,
+                "api": r.api,
+                "depth": r.depth,
+                "created_at": r.created_at,
+                "messages": messages[r.id],
+                "tools": r.request.get("tools") or [],
+                "sampling": r.request.get("sampling") or {},
+                "response": r.response,
+                "finish_reason": r.finish_reason,
+                "prompt_ids": prompts[r.id],
+                "output_ids": unpack_ints(r.output_ids),
+                "output_logprobs": unpack_floats(r.output_logprobs),
+                "output_versions": unpack_ints(r.output_versions),
+                "temperature": r.temperature,
+                "reward": r.reward,
+                "return": r.ret,
+            }
+        )
+    return {
+        "metadata": session.metadata or {},
+        "reference": session.reference,
+        "reward_fn": session.reward_fn,
+        "completions": nodes,
+    }

@@ -1,0 +1,269 @@
+"""Decoupled PPO loss, proximal interpolation and token logprobs against numbers worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from trainer.losses import (
+    entropy,
+    loss_denominator,
+    policy_loss,
+    proximal_logprobs_interpolate,
+    token_logprobs,
+)
+
+LN = math.log
+DEFAULTS = {
+    "eps_clip": 0.2,
+    "eps_clip_high": 0.28,
+    "behav_cap": 0.0,
+    "behav_cap_mode": "mask",
+    "ratio_level": "token",
+    "loss_agg": "token_mean",
+}
+
+
+def _loss(log_ratio, adv, *, prox_minus_behav=None, mask=None, **kwargs):
+    """policy_loss with prox = 0 and logp = log_ratio (a leaf); returns (loss, stats, d loss / d logp)."""
+    logp = torch.tensor(log_ratio, dtype=torch.float32, requires_grad=True)
+    prox = torch.zeros_like(logp)
+    behav = prox - (torch.tensor(prox_minus_behav) if prox_minus_behav is not None else 0.0)
+    mask = torch.ones_like(prox) if mask is None else torch.tensor(mask)
+    loss, stats = policy_loss(logp, prox, behav, torch.tensor(adv), mask, **{**DEFAULTS, **kwargs})
+    loss.backward()
+    return loss.item(), stats, logp.grad
+
+
+def _close(actual, expected):
+    torch.testing.assert_close(actual, torch.tensor(expected), atol=1e-5, rtol=0)
+
+
+def test_on_policy_unclipped():
+    # ratio 1, weight 1: token losses -1 * 1 = -1 and -1 * (-2) = 2, token mean 0.5
+    # d(-ratio * A) / d logp = -ratio * A -> -1 and 2, / 2 tokens
+    loss, stats, grad = _loss([[0.0, 0.0]], [[1.0, -2.0]])
+    assert loss == pytest.approx(0.5)
+    _close(grad, [[-0.5, 1.0]])
+    assert stats["ratio_mean"] == pytest.approx(1.0)
+    assert stats["clip_frac_low"] == stats["clip_frac_high"] == 0.0
+
+
+def test_positive_advantage_clipped_above_one_plus_eps_high():
+    # A = 1. ratio 1.5 > 1.28: min(1.5, 1.28) = 1.28, no gradient.
+    #        ratio 1.1 inside: -1.1, gradient -1.1.
+    #        ratio 0.5 below 0.8: min(0.5, 0.8) = 0.5, a positive advantage is never clipped below.
+    # token mean (-1.28 - 1.1 - 0.5) / 3 = -0.96; gradients 0, -1.1 / 3, -0.5 / 3
+    loss, stats, grad = _loss([[LN(1.5), LN(1.1), LN(0.5)]], [[1.0, 1.0, 1.0]])
+    assert loss == pytest.approx(-0.96)
+    _close(grad, [[0.0, -1.1 / 3, -0.5 / 3]])
+    assert stats["clip_frac_high"] == pytest.approx(1 / 3)
+    assert stats["clip_frac_low"] == 0.0
+
+
+def test_negative_advantage_clipped_below_one_minus_eps():
+    # A = -1. ratio 0.5 < 0.8: min(-0.5, -0.8) = -0.8 -> loss 0.8, no gradient.
+    #         ratio 1.5 above 1.28: min(-1.5, -1.28) = -1.5 -> loss 1.5, never clipped above; grad 1.5.
+    # token mean (0.8 + 1.5) / 2 = 1.15; gradients 0, 1.5 / 2
+    loss, stats, grad = _loss([[LN(0.5), LN(1.5)]], [[-1.0, -1.0]])
+    assert loss == pytest.approx(1.15)
+    _close(grad, [[0.0, 0.75]])
+    assert stats["clip_frac_low"] == pytest.approx(0.5)
+    assert stats["clip_frac_high"] == 0.0
+
+
+def test_behaviour_weight_scales_loss_and_gradient():
+    # prox / behav = 2, ratio 1, A = 1: loss -2, gradient -2
+    loss, stats, grad = _loss([[0.0]], [[1.0]], prox_minus_behav=[[LN(2.0)]])
+    assert loss == pytest.approx(-2.0)
+    _close(grad, [[-2.0]])
+    assert stats["behav_weight_mean"] == pytest.approx(2.0)
+
+
+def test_behaviour_cap_modes():
+    # weights 2 and 8, cap 5, ratio 1, A = 1
+    kw = {"prox_minus_behav": [[LN(2.0), LN(8.0)]], "behav_cap": 5.0}
+    # mask: token losses -2, 0; the masked token still counts: (-2 + 0) / 2 = -1; gradients -1, 0
+    loss, stats, grad = _loss([[0.0, 0.0]], [[1.0, 1.0]], behav_cap_mode="mask", **kw)
+    assert loss == pytest.approx(-1.0)
+    _close(grad, [[-1.0, 0.0]])
+    assert stats["behav_capped_frac"] == pytest.approx(0.5)
+    assert stats["behav_weight_mean"] == pytest.approx(5.0)  # (2 + 8) / 2, before the cap
+    # clamp: -2, -5 -> -3.5; gradients -2 / 2, -5 / 2
+    loss, stats, grad = _loss([[0.0, 0.0]], [[1.0, 1.0]], behav_cap_mode="clamp", **kw)
+    assert loss == pytest.approx(-3.5)
+    _close(grad, [[-1.0, -2.5]])
+    assert stats["behav_capped_frac"] == pytest.approx(0.5)
+    # cap 0 disables: -2, -8 -> -5
+    loss, stats, _ = _loss([[0.0, 0.0]], [[1.0, 1.0]], **{**kw, "behav_cap": 0.0})
+    assert loss == pytest.approx(-5.0)
+    assert stats["behav_capped_frac"] == 0.0
+
+
+def test_proximal_interpolation():
+    behav = torch.tensor([[-2.0, -2.0, -2.0, -1.0]])
+    current = torch.tensor([[-1.0, -1.0, -1.0, -3.0]], requires_grad=True)
+    versions = torch.tensor([[2, 4, 5, 0]])
+    prox = proximal_logprobs_interpolate(behav, current, versions, current_version=5, proximal_version=4)
+    # v_b = 2: alpha = (4 - 2) / (5 - 2) = 2/3 -> -2 + 2/3 * (-1 + 2) = -4/3
+    # v_b = 4: alpha = 0 -> behaviour -2
+    # v_b = 5: sampled by the current version -> current -1
+    # v_b = 0: alpha = 4/5 -> -1 + 0.8 * (-3 + 1) = -2.6
+    _close(prox, [[-4 / 3, -2.0, -1.0, -2.6]])
+    assert not prox.requires_grad
+    # v_p = 3 below v_b = 4: alpha = (3 - 4) / (5 - 4) = -1 clamped to 0 -> behaviour
+    prox = proximal_logprobs_interpolate(behav, current, versions, current_version=5, proximal_version=3)
+    assert prox[0, 1].item() == -2.0
+
+
+def test_sequence_ratio_gspo():
+    # Row 0: log ratios 0.2, -0.1 and a padding token with logp 0, prox -100 (exp(100) overflows float32).
+    #   s = exp((0.2 - 0.1) / 2) = exp(0.05) = 1.051271, inside [0.8, 1.28]; A = 1
+    #   token losses -1.051271, -1.051271; per-token gradient -s * A, GSPO's d(-s A)/d logp_t = -s / 2.
+    # Row 1: log ratios 0.6, 0.2: s = exp(0.4) = 1.491825 > 1.28 -> clipped, no gradient,
+    #   although token 2 alone (ratio exp(0.2) = 1.221) would not be clipped.
+    logp = torch.tensor([[0.2, -0.1, 0.0], [0.6, 0.2, 0.0]], requires_grad=True)
+    prox = torch.tensor([[0.0, 0.0, -100.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    adv = torch.ones(2, 3)
+    kw = {**DEFAULTS, "ratio_level": "sequence", "loss_agg": "seq_mean"}
+    loss, stats = policy_loss(logp, prox, prox, adv, mask, **kw)
+    loss.backward()
+    # seq_mean: (-1.051271 + -1.28) / 2 = -1.165636; row 0 grads -s / 2 / 2 sequences
+    assert loss.item() == pytest.approx(-1.165636, abs=1e-5)
+    _close(logp.grad, [[-0.262818, -0.262818, 0.0], [0.0, 0.0, 0.0]])
+    assert stats["clip_frac_high"] == pytest.approx(0.5)
+    assert stats["ratio_mean"] == pytest.approx((1.051271 + 1.491825) / 2, abs=1e-5)
+
+
+def test_sequence_behaviour_weight_is_geometric_mean():
+    # prox / behav = 2 and 8: exp(mean(ln 2, ln 8)) = exp(ln 4) = 4 < cap 5, nothing capped
+    # (at token level the second token, weight 8, would be). ratio 1, A = 1: loss -4.
+    kw = {"prox_minus_behav": [[LN(2.0), LN(8.0)]], "behav_cap": 5.0, "ratio_level": "sequence"}
+    loss, stats, _ = _loss([[0.0, 0.0]], [[1.0, 1.0]], **kw)
+    assert loss == pytest.approx(-4.0)
+    assert stats["behav_capped_frac"] == 0.0
+    # cap 3 < 4 masks the whole sequence
+    loss, stats, _ = _loss([[0.0, 0.0]], [[1.0, 1.0]], **{**kw, "behav_cap": 3.0})
+    assert loss == 0.0
+    assert stats["behav_capped_frac"] == 1.0
+
+
+def test_kl_k3_penalty():
+    # logp = ln 0.5, ref = ln 0.25: d = ref - logp = ln 0.5 = -0.693147
+    # k3 = exp(d) - d - 1 = 0.5 + 0.693147 - 1 = 0.193147; A = 0 so the loss is 0.1 * k3 = 0.0193147
+    # d k3 / d logp = -exp(d) + 1 = 0.5 -> gradient 0.1 * 0.5 = 0.05
+    logp = torch.tensor([[LN(0.5)]], requires_grad=True)
+    ref = torch.tensor([[LN(0.25)]])
+    loss, stats = policy_loss(
+        logp, logp.detach(), logp.detach(), torch.zeros(1, 1), torch.ones(1, 1),
+        ref_logp=ref, kl_coef=0.1, **DEFAULTS,
+    )  # fmt: skip
+    loss.backward()
+    assert loss.item() == pytest.approx(0.0193147, abs=1e-6)
+    assert stats["kl"] == pytest.approx(0.193147, abs=1e-6)
+    _close(logp.grad, [[0.05]])
+
+
+def test_aggregation_modes():
+    # ratio 1, weight 1: token loss -A. Masked: row 0 -> 1, 2, 3; row 1 -> 4 (padding holds 9s)
+    adv = [[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]]
+    mask = [[1, 1, 1], [1, 0, 0]]
+    zeros = [[0.0] * 3] * 2
+    # token_mean: -(1 + 2 + 3 + 4) / 4 = -2.5
+    assert _loss(zeros, adv, mask=mask)[0] == pytest.approx(-2.5)
+    # seq_mean: row means -2 and -4 -> -3
+    assert _loss(zeros, adv, mask=mask, loss_agg="seq_mean")[0] == pytest.approx(-3.0)
+    # token_sum_norm (Dr. GRPO): -10 / (2 sequences * 3 positions) = -1.666667
+    assert _loss(zeros, adv, mask=mask, loss_agg="token_sum_norm")[0] == pytest.approx(-10 / 6)
+    # with a constant max_new_tokens of 8: -10 / (2 * 8) = -0.625
+    loss = _loss(zeros, adv, mask=mask, loss_agg="token_sum_norm", normaliser=16.0)[0]
+    assert loss == pytest.approx(-0.625)
+
+
+def test_loss_denominator():
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+    assert loss_denominator(mask, "token_mean") == 4.0
+    assert loss_denominator(mask, "seq_mean") == 2.0  # the empty row does not count
+    assert loss_denominator(mask, "token_sum_norm") == 9.0
+    with pytest.raises(ValueError, match="loss_agg"):
+        loss_denominator(mask, "mean")
+
+
+def test_empty_mask_is_zero_not_nan():
+    loss, _, grad = _loss([[0.3, 0.1]], [[1.0, 1.0]], mask=[[0, 0]])
+    assert loss == 0.0
+    _close(grad, [[0.0, 0.0]])
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean", "token_sum_norm"])
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_microbatch_normaliser_equals_full_batch(loss_agg, ratio_level):
+    gen = torch.Generator().manual_seed(0)
+    logp = -torch.rand(4, 5, generator=gen)
+    prox = logp + 0.3 * torch.randn(4, 5, generator=gen)
+    behav = prox + 0.5 * torch.randn(4, 5, generator=gen)
+    adv = torch.randn(4, 5, generator=gen)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    kw = {**DEFAULTS, "behav_cap": 1.5, "ratio_level": ratio_level, "loss_agg": loss_agg}
+
+    full = logp.clone().requires_grad_()
+    loss, _ = policy_loss(full, prox, behav, adv, mask, **kw)
+    loss.backward()
+
+    halves = logp.clone().requires_grad_()
+    normaliser = loss_denominator(mask, loss_agg)
+    total = 0.0
+    for rows in (slice(0, 2), slice(2, 4)):
+        part, _ = policy_loss(
+            halves[rows], prox[rows], behav[rows], adv[rows], mask[rows], normaliser=normaliser, **kw
+        )
+        part.backward()
+        total += part.item()
+    assert total == pytest.approx(loss.item(), abs=1e-6)
+    torch.testing.assert_close(halves.grad, full.grad)
+
+
+def test_bad_modes_raise():
+    with pytest.raises(ValueError, match="ratio_level"):
+        _loss([[0.0]], [[1.0]], ratio_level="seq")
+    with pytest.raises(ValueError, match="behav_cap_mode"):
+        _loss([[0.0]], [[1.0]], behav_cap_mode="drop")
+
+
+def test_token_logprobs_by_hand():
+    # logits 0, ln 3 -> softmax 1/4, 3/4 -> log p(1) = ln 0.75 = -0.287682
+    # temperature 2: logits 0, ln sqrt(3) -> p(1) = sqrt(3) / (1 + sqrt(3)) = 0.633975, ln = -0.455746
+    logits = torch.tensor([[[0.0, LN(3.0)]]])
+    target = torch.tensor([[1]])
+    assert token_logprobs(logits, target).item() == pytest.approx(-0.287682, abs=1e-6)
+    assert token_logprobs(logits, target, 2.0).item() == pytest.approx(-0.455746, abs=1e-6)
+    # entropy of (1/4, 3/4): 0.25 ln 4 + 0.75 ln(4/3) = 0.346574 + 0.215762 = 0.562335
+    assert entropy(logits).item() == pytest.approx(0.562335, abs=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, torch.tensor([0.5, 2.0])])
+def test_token_logprobs_match_naive_log_softmax(temperature):
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 3, 7, generator=gen)
+    targets = torch.randint(0, 7, (2, 3), generator=gen)
+    temp = temperature[:, None, None] if isinstance(temperature, torch.Tensor) else temperature
+    naive_in = logits.clone().requires_grad_()
+    log_probs = torch.log_softmax(naive_in / temp, dim=-1)
+    naive = log_probs.gather(-1, targets[..., None]).squeeze(-1)
+    naive.sum().backward()
+
+    ours_in = logits.clone().requires_grad_()
+    ours = token_logprobs(ours_in, targets, temperature, chunk_rows=4)  # 6 rows: chunks of 4 and 2
+    ours.sum().backward()
+    torch.testing.assert_close(ours, naive)
+    torch.testing.assert_close(ours_in.grad, naive_in.grad)
+    naive_entropy = -(log_probs.exp() * log_probs).sum(-1)
+    torch.testing.assert_close(entropy(logits, temperature, chunk_rows=4), naive_entropy.detach())
+
+
+def test_token_logprobs_bfloat16_upcasts():
+    logits = torch.tensor([[[0.0, LN(3.0)]]], dtype=torch.bfloat16)
+    out = token_logprobs(logits, torch.tensor([[1]]))
+    assert out.dtype == torch.float32
+    assert out.item() == pytest.approx(-0.287682, abs=1e-2)

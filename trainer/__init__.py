@@ -1,0 +1,1 @@
+"""Trainer: advantage estimators, the decoupled PPO loss and the training loop."""

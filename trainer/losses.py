@@ -1,0 +1,211 @@
+"""Decoupled PPO policy loss (AReaL, Fu et al. 2025, arXiv 2505.24298) and token logprobs.
+
+Tokens were sampled by a behaviour policy π_behav (the engine, possibly some versions stale). The
+decoupled objective separates the off-policy correction from the trust region:
+
+  loss_t = -w_t · min(u_t · A_t, clip(u_t, 1 - eps_clip, 1 + eps_clip_high) · A_t)
+  u_t = π_θ / π_prox = exp(logp_t - prox_logp_t)           gradient flows through logp only
+  w_t = π_prox / π_behav = exp(prox_logp_t - behav_logp_t)  detached; over behav_cap masked or clamped
+
+The asymmetric clip is DAPO's clip-higher (Yu et al. 2025). ratio_level="sequence" replaces u_t and w_t by
+GSPO's length-normalised sequence ratios (Zheng et al. 2025, arXiv 2507.18071). An optional k3 KL
+penalty to a reference model, exp(ref - logp) - (ref - logp) - 1 (Schulman 2020), is added per token.
+The proximal policy is recomputed, or approximated by log-linear interpolation over policy versions
+(A-3PO, Li et al. 2025).
+"""
+
+from collections.abc import Iterator
+
+import torch
+
+LOSS_AGGS = ("token_mean", "seq_mean", "token_sum_norm")
+
+
+def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x (B, T) over each row's masked tokens -> (B,); 0 for a row without any."""
+    return torch.where(mask, x, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1))
+
+
+def loss_denominator(loss_mask: torch.Tensor, loss_agg: str) -> float:
+    """Divisor `aggregate` uses by default; summed over microbatches it is the full batch's normaliser.
+
+    token_mean: masked tokens. seq_mean: sequences with at least one masked token. token_sum_norm:
+    B · T, Dr. GRPO's constant; across microbatches of different padded lengths pass
+    num_sequences · max_new_tokens instead.
+    """
+    mask = loss_mask.bool()  # (B, T)
+    if loss_agg == "token_mean":
+        return float(mask.sum())
+    if loss_agg == "seq_mean":
+        return float(mask.any(-1).sum())
+    if loss_agg == "token_sum_norm":
+        return float(mask.shape[0] * mask.shape[1])
+    raise ValueError(f"loss_agg {loss_agg!r} must be one of {LOSS_AGGS}")
+
+
+def aggregate(
+    token_loss: torch.Tensor,  # (B, T)
+    loss_mask: torch.Tensor,  # (B, T)
+    loss_agg: str,
+    normaliser: float | None = None,
+) -> torch.Tensor:
+    """Scalar loss: token_mean and token_sum_norm sum the masked token losses, seq_mean sums each
+    sequence's token mean; the sum is divided by `normaliser`, or by `loss_denominator` when None."""
+    mask = loss_mask.bool()
+    denominator = loss_denominator(mask, loss_agg) if normaliser is None else normaliser
+    if loss_agg == "seq_mean":
+        total = _seq_mean(token_loss, mask).sum()
+    else:
+        total = torch.where(mask, token_loss, 0.0).sum()
+    if normaliser is None and denominator == 0:
+        return total  # nothing to train on: an exact 0 that still carries a (zero) gradient
+    return total / denominator
+
+
+def proximal_logprobs_interpolate(
+    behav_logp: torch.Tensor,  # (B, T) logprobs of the policy that sampled each token
+    current_logp: torch.Tensor,  # (B, T) logprobs of the trainer's policy, version current_version
+    token_versions: torch.Tensor,  # (B, T) long: version v_b that sampled each token
+    current_version: int,
+    proximal_version: int,
+) -> torch.Tensor:
+    """Approximate proximal logprobs (B, T), detached, by interpolating in log space over versions:
+
+    prox = behav + alpha · (current - behav),  alpha = clip((v_p - v_b) / (v_c - v_b), 0, 1)
+
+    with v_c = current_version and v_p = proximal_version (AReaL: v_c - 1, the policy before this
+    update). A token sampled by the current version itself (v_c == v_b) takes the current logprob.
+    """
+    behav, current = behav_logp.detach(), current_logp.detach()
+    v_b = token_versions.to(behav.dtype)
+    span = current_version - v_b
+    alpha = ((proximal_version - v_b) / torch.where(span == 0, 1.0, span)).clamp(0.0, 1.0)
+    return torch.where(span == 0, current, behav + alpha * (current - behav))
+
+
+def policy_loss(
+    logp: torch.Tensor,  # (B, T) current policy, carries the gradient
+    prox_logp: torch.Tensor,  # (B, T) proximal policy
+    behav_logp: torch.Tensor,  # (B, T) behaviour policy (engine)
+    advantages: torch.Tensor,  # (B, T) per token
+    loss_mask: torch.Tensor,  # (B, T) 1 on trained tokens
+    *,
+    eps_clip: float,
+    eps_clip_high: float,
+    behav_cap: float,
+    behav_cap_mode: str,
+    ratio_level: str,
+    loss_agg: str,
+    ref_logp: torch.Tensor | None = None,  # (B, T) reference policy
+    kl_coef: float = 0.0,
+    normaliser: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Decoupled PPO loss (scalar) and stats; see the module docstring.
+
+    Tokens masked by the behaviour cap contribute 0 but still count in the denominator, so the
+    normaliser of a microbatch is known before the forward pass. ratio_level="sequence" uses the
+    GSPO-token form: u_t has the value of the sequence ratio exp(mean_t(logp - prox)) and the gradient
+    u_t · ∇logp_t, which with loss_agg="seq_mean" and one advantage per sequence is GSPO's gradient.
+    """
+    mask = loss_mask.bool()
+    prox, behav = prox_logp.detach(), behav_logp.detach()
+    # where() before exp(): padding may hold any logprob, and exp(inf) * 0 would poison sums and grads.
+    log_u = torch.where(mask, logp - prox, 0.0)
+    log_w = torch.where(mask, prox - behav, 0.0)
+    if ratio_level == "sequence":
+        log_u = _seq_mean(log_u.detach(), mask)[:, None] + log_u - log_u.detach()
+        log_w = _seq_mean(log_w, mask)[:, None].expand_as(log_w)
+    elif ratio_level != "token":
+        raise ValueError(f"ratio_level {ratio_level!r} must be 'token' or 'sequence'")
+    ratio, weight = log_u.exp(), log_w.exp()
+
+    capped = mask & (weight > behav_cap) if behav_cap > 0 else torch.zeros_like(mask)
+    if behav_cap_mode == "mask":
+        capped_weight = torch.where(capped, 0.0, weight)
+    elif behav_cap_mode == "clamp":
+        capped_weight = torch.where(capped, behav_cap, weight)
+    else:
+        raise ValueError(f"behav_cap_mode {behav_cap_mode!r} must be 'mask' or 'clamp'")
+
+    clipped = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
+    token_loss = -capped_weight * torch.minimum(ratio * advantages, clipped * advantages)
+    kl = torch.zeros_like(token_loss)
+    if ref_logp is not None:
+        d = torch.where(mask, ref_logp.detach() - logp, 0.0)
+        kl = d.exp() - d - 1.0
+        token_loss = token_loss + kl_coef * kl
+
+    loss = aggregate(token_loss, mask, loss_agg, normaliser)
+    ratio = ratio.detach()
+    stats = {
+        "clip_frac_low": _masked_mean(((advantages < 0) & (ratio < 1.0 - eps_clip)).float(), mask),
+        "clip_frac_high": _masked_mean(((advantages > 0) & (ratio > 1.0 + eps_clip_high)).float(), mask),
+        "behav_capped_frac": _masked_mean(capped.float(), mask),
+        "ratio_mean": _masked_mean(ratio, mask),
+        "behav_weight_mean": _masked_mean(weight, mask),  # before the cap
+        "kl": _masked_mean(kl.detach(), mask),
+    }
+    return loss, stats
+
+
+def _row_temperature(temperature: float | torch.Tensor, batch: int, length: int) -> float | torch.Tensor:
+    """1 float, or (B,) per-sequence temperatures as a (B·T, 1) column matching flattened rows."""
+    if isinstance(temperature, torch.Tensor):
+        if temperature.shape != (batch,):
+            raise ValueError(f"temperature has shape {tuple(temperature.shape)}; expected ({batch},)")
+        return temperature.float().repeat_interleave(length)[:, None]
+    return float(temperature)
+
+
+def _row_chunks(
+    logits: torch.Tensor, temperature: float | torch.Tensor, chunk_rows: int
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yield (start, x): rows of logits (B·T, V) as float32, divided by their temperature."""
+    batch, length, vocab = logits.shape
+    rows = logits.reshape(batch * length, vocab)
+    temp = _row_temperature(temperature, batch, length)
+    for start in range(0, batch * length, chunk_rows):
+        x = rows[start : start + chunk_rows].float()
+        if isinstance(temp, torch.Tensor):
+            x = x / temp[start : start + chunk_rows]
+        elif temp != 1.0:
+            x = x / temp
+        yield start, x
+
+
+def token_logprobs(
+    logits: torch.Tensor,  # (B, T, V)
+    target_ids: torch.Tensor,  # (B, T) long, valid ids (pad with any id and mask the loss)
+    temperature: float | torch.Tensor = 1.0,  # or (B,) per sequence
+    chunk_rows: int = 4096,
+) -> torch.Tensor:
+    """log_softmax(logits / temperature) at the targets, (B, T) float32.
+
+    Computed as the gathered logit minus logsumexp, chunk_rows rows at a time: no (B, T, V)
+    log_softmax is materialised, and bf16 logits are upcast one chunk at a time.
+    """
+    batch, length, _ = logits.shape
+    targets = target_ids.reshape(batch * length, 1)
+    out = [
+        x.gather(1, targets[start : start + x.shape[0]]).squeeze(1) - torch.logsumexp(x, dim=-1)
+        for start, x in _row_chunks(logits, temperature, chunk_rows)
+    ]
+    return torch.cat(out).view(batch, length) if out else logits.new_zeros(batch, length, dtype=torch.float32)
+
+
+def entropy(
+    logits: torch.Tensor,  # (B, T, V)
+    temperature: float | torch.Tensor = 1.0,
+    chunk_rows: int = 4096,
+) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) per token, (B, T): logsumexp(x) - Σ softmax(x) · x."""
+    batch, length, _ = logits.shape
+    out = [
+        torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
+        for _, x in _row_chunks(logits, temperature, chunk_rows)
+    ]
+    return torch.cat(out).view(batch, length) if out else logits.new_zeros(batch, length, dtype=torch.float32)

@@ -19,8 +19,10 @@ from proxy.store.schema import sessions
 
 
 def unconsumed_count(conn) -> int:  # noqa: ANN001 - a SQLAlchemy connection
-    query = select(func.count()).select_from(sessions).where(
-        sessions.c.status.in_(("open", "finished")), sessions.c.auto.is_(False)
+    query = (
+        select(func.count())
+        .select_from(sessions)
+        .where(sessions.c.status.in_(("open", "finished")), sessions.c.auto.is_(False))
     )
     return int(conn.execute(query).scalar() or 0)
 

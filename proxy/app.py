@@ -57,7 +57,7 @@ class AppState:
         self.sessions = SessionService(self.db, cfg.proxy.admin_key, cfg.proxy.auto_sessions)
         self.engine: Engine = make_engine(cfg)
         self.served_name = cfg.proxy.served_model_name or served_name(cfg.engine.model)
-        self.ready = asyncio.Event()
+        self.ready = asyncio.Event()  # loop-agnostic since Python 3.10
         self.load_error: BaseException | None = None
         self.renderer: Any = None
         self.completions: Any = None
@@ -116,9 +116,11 @@ async def _sweep_sessions(state: AppState) -> None:
 
 
 def create_app(cfg: Config) -> FastAPI:
+    """Build the app; opens (and migrates) the store now, so a locked store fails here."""
+    state = AppState(cfg)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = AppState(cfg)
         app.state.areal = state
         state.db.start_writer()
         from proxy.rewards_service import RewardService

@@ -50,9 +50,10 @@ class ChatRequest:
         """Text the reply is made to start with, for `tool_choice` required or named."""
         if not self.tools or self.tool_choice in ("auto", "none"):
             return ""
-        if isinstance(self.tool_choice, dict):
-            name = self.tool_choice["function"]["name"]
-            return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": '
+        if isinstance(self.tool_choice, dict) or len(self.tools) == 1:
+            chosen = self.tool_choice if isinstance(self.tool_choice, dict) else self.tools[0]
+            name = chosen["function"]["name"]
+            return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": {'
         return '<tool_call>\n{"name": "'
 
     def sampling(self) -> dict[str, Any]:

@@ -89,9 +89,7 @@ class CompletionService:
         session: SessionInfo | None = await self.sessions.for_model_call(caller)
         hashes = prefix_hashes(request.messages)
         candidates = parent_candidates(request.messages, hashes)
-        parent = await find_parent(
-            self.db, self.nodes, candidates, session.id if session else None, self.eos_ids
-        )
+        parent = await find_parent(self.db, self.nodes, candidates, session.id if session else None, self.eos_ids)
         parent_tokens = None
         if parent is not None:
             parent_tokens = ParentTokens(
@@ -148,9 +146,7 @@ class CompletionService:
         if params.seed is not None and index:
             params = SamplingParams(**{**params.__dict__, "seed": params.seed + index})
         request = turn.request
-        builder = ReplyBuilder(
-            self.renderer.tokenizer, request.stop, request.tool_names, request.forced_prefix()
-        )
+        builder = ReplyBuilder(self.renderer.tokenizer, request.stop, request.tool_names, request.forced_prefix())
         result = GenerationResult()
         try:
             stream = self.engine.stream(

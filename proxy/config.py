@@ -193,8 +193,7 @@ class Config(Section):
     def _check(self) -> Config:
         if self.trainer.batch_size % self.rollout.group_size:
             raise ValueError(
-                f"rollout.group_size {self.rollout.group_size} must divide "
-                f"trainer.batch_size {self.trainer.batch_size}"
+                f"rollout.group_size {self.rollout.group_size} must divide trainer.batch_size {self.trainer.batch_size}"
             )
         if self.engine.backend != "local" and not self.engine.urls:
             raise ValueError(f"engine.backend = {self.engine.backend!r} needs engine.urls = [...]")

@@ -41,9 +41,7 @@ def content_text(content: Any, param: str) -> str:
             elif kind == "refusal" and isinstance(part.get("refusal"), str):
                 parts.append(part["refusal"])
             else:
-                raise invalid_request(
-                    f"content part type {kind!r} is not supported (text only)", f"{param}[{i}].type"
-                )
+                raise invalid_request(f"content part type {kind!r} is not supported (text only)", f"{param}[{i}].type")
         return "\n".join(parts)
     raise invalid_request(f"{param} must be a string, a list of content parts, or null", param)
 

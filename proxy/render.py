@@ -30,10 +30,21 @@ signatures between <tools> and </tools>:
 </tools>
 
 To call a function, reply with a JSON object holding its name and arguments between \
-<tool_call> and </tool_call>, one block per call:
+<tool_call> and </tool_call>, one block per call, for example:
 <tool_call>
-{{"name": "<function name>", "arguments": {{<arguments as a JSON object>}}}}
+{example}
 </tool_call>"""
+
+_PLACEHOLDERS = {"string": "...", "integer": 0, "number": 0, "boolean": False, "array": [], "object": {}}
+
+
+def _example_call(tool: dict[str, Any]) -> str:
+    """A call of the first tool with placeholder arguments: small models copy concrete shapes best."""
+    fn = tool.get("function", {})
+    props = (fn.get("parameters") or {}).get("properties") or {}
+    required = (fn.get("parameters") or {}).get("required") or list(props)[:1]
+    args = {k: _PLACEHOLDERS.get((props.get(k) or {}).get("type", "string"), "...") for k in required if k in props}
+    return json.dumps({"name": fn.get("name", "function_name"), "arguments": args})
 
 
 @dataclass(frozen=True)
@@ -101,7 +112,9 @@ class Renderer:
                     t = {"role": "tool", "content": f"<tool_response>\n{t['content']}\n</tool_response>"}
             out.append(t)
         if tools and not self.native_tools:
-            section = _TOOL_SECTION.format(signatures="\n".join(json.dumps(tool) for tool in tools))
+            section = _TOOL_SECTION.format(
+                signatures="\n".join(json.dumps(tool) for tool in tools), example=_example_call(tools[0])
+            )
             if out and out[0]["role"] == "system":
                 out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{section}" if out[0]["content"] else section}
             else:

@@ -24,7 +24,11 @@ def serve(cfg: Config) -> int:
         return 2
     if loaded:
         log.info("reward functions loaded: %s", ", ".join(loaded))
-    app = create_app(cfg)
+    try:
+        app = create_app(cfg)
+    except StoreLocked as exc:
+        print(f"areal-proxy: {exc}", file=sys.stderr)
+        return 1
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -35,9 +39,5 @@ def serve(cfg: Config) -> int:
             timeout_graceful_shutdown=10,
         )
     )
-    try:
-        server.run()
-    except StoreLocked as exc:
-        print(f"areal-proxy: {exc}", file=sys.stderr)
-        return 1
+    server.run()
     return 0 if server.started else 1

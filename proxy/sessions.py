@@ -76,8 +76,10 @@ class SessionService:
         if token is None:
             raise unauthorized("this endpoint needs the admin key as a bearer token")
         if not self.is_admin(token):
-            raise forbidden("this endpoint needs the admin key") if self._known_key(token) else unauthorized(
-                "invalid admin key"
+            raise (
+                forbidden("this endpoint needs the admin key")
+                if self._known_key(token)
+                else unauthorized("invalid admin key")
             )
 
     def _known_key(self, token: str) -> bool:
@@ -220,9 +222,7 @@ def expire_open_sessions(conn: Connection, timeout_s: float, now: float) -> list
     cutoff = now - timeout_s
     ids = [
         r.id
-        for r in conn.execute(
-            select(sessions.c.id).where(sessions.c.status == "open", sessions.c.updated_at < cutoff)
-        )
+        for r in conn.execute(select(sessions.c.id).where(sessions.c.status == "open", sessions.c.updated_at < cutoff))
     ]
     if ids:
         conn.execute(

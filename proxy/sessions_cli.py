@@ -31,8 +31,15 @@ def list_sessions(cfg: Config, status: str | None, limit: int) -> int:
         versions = "-" if r.min_version is None else f"{r.min_version}..{r.max_version}"
         reward = "-" if r.reward is None else f"{r.reward:g}"
         table.add_row(
-            r.id, r.status, r.task_id or "-", r.group_id or "-", str(r.num_completions), reward, versions,
-            _when(r.created_at), (r.failure or "")[:60],
+            r.id,
+            r.status,
+            r.task_id or "-",
+            r.group_id or "-",
+            str(r.num_completions),
+            reward,
+            versions,
+            _when(r.created_at),
+            (r.failure or "")[:60],
         )
     Console().print(table)
     db.close()

@@ -15,13 +15,13 @@ import inspect
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rewards.session import SessionView
 
-RewardValue = Union[float, Mapping[str, float]]
-RewardFn = Callable[["SessionView"], Union[RewardValue, Awaitable[RewardValue]]]
+RewardValue = float | Mapping[str, float]
+RewardFn = Callable[["SessionView"], RewardValue | Awaitable[RewardValue]]
 
 REWARDS: dict[str, RewardFn] = {}
 
@@ -56,7 +56,7 @@ def get_reward(name: str) -> RewardFn:
 
 
 def is_async(fn: RewardFn) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def load_builtins() -> None:

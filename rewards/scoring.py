@@ -55,7 +55,7 @@ async def score(fn: RewardFn, view: SessionView, timeout_s: float) -> Score:
         else:
             value = await asyncio.wait_for(asyncio.to_thread(fn, view), timeout_s)
         return validate(value, {c.id for c in view.completions})
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return Score(None, None, f"reward {name} timed out after {timeout_s:g}s")
     except Exception as exc:  # user code: any failure is recorded on the session
         return Score(None, None, f"reward {name} failed: {type(exc).__name__}: {exc}")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from proxy.config import EngineConfig
 from proxy.engines.base import (
@@ -31,8 +32,6 @@ from proxy.engines.base import (
     SamplingParams,
     StreamDelta,
 )
-from transformers.cache_utils import DynamicCache
-
 from proxy.engines.kv import BatchKV
 from proxy.engines.model_files import resolve_model
 from proxy.engines.sampling import sample
@@ -267,7 +266,9 @@ class LocalEngine:
                 missing, unexpected = self.model.load_state_dict(update.state, strict=False)
                 missing = [m for m in missing if not m.endswith("lm_head.weight")]
                 if missing or unexpected:
-                    raise ValueError(f"weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+                    raise ValueError(
+                        f"weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+                    )
                 self._version = update.version
                 result: BaseException | None = None
             except Exception as exc:  # report to the caller; the old weights stay in place

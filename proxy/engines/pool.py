@@ -171,9 +171,7 @@ class ServerPool:
                 if exc.dead:
                     self.mark_failed(server, str(exc))
                 if produced:
-                    raise EngineUnavailable(
-                        f"engine server {server.url} failed mid-generation: {exc}"
-                    ) from exc
+                    raise EngineUnavailable(f"engine server {server.url} failed mid-generation: {exc}") from exc
                 errors.append(f"{server.url}: {exc}")
             finally:
                 server.in_flight -= 1

@@ -52,9 +52,7 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     return torch.log_softmax(logits, dim=-1)
 
 
-def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> Sampled:
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> Sampled:
     """Draw one token per row of `logits` (R, V)."""
     logprobs = process_logits(logits, params)
     token_ids: list[int] = []

@@ -265,9 +265,7 @@ class SGLangEngine:
             except (ServerError, EngineRequestError, AttributeError):
                 context = None
         kv_limit = _lookup(info, "max_total_num_tokens")
-        return (context if isinstance(context, int) else None), (
-            kv_limit if isinstance(kv_limit, int) else None
-        )
+        return (context if isinstance(context, int) else None), (kv_limit if isinstance(kv_limit, int) else None)
 
     def stream(
         self,

@@ -93,9 +93,7 @@ def build_completion_request(
 def token_id(token: str) -> int:
     """The id in a `token_id:<id>` logprob token (asked for with `return_tokens_as_token_ids`)."""
     if not token.startswith(TOKEN_ID_PREFIX):
-        raise ServerError(
-            f"logprob token {token!r} is not 'token_id:<id>': return_tokens_as_token_ids ignored"
-        )
+        raise ServerError(f"logprob token {token!r} is not 'token_id:<id>': return_tokens_as_token_ids ignored")
     return int(token[len(TOKEN_ID_PREFIX) :])
 
 
@@ -226,9 +224,7 @@ class VLLMEngine:
             self._versions.to_int(await self._weight_version(server))
         served = card.get("max_model_len")
         reported = [card.get("root"), card.get("id")]
-        self._info = await resolve_model_info(
-            reported, self.cfg.model, served if isinstance(served, int) else None
-        )
+        self._info = await resolve_model_info(reported, self.cfg.model, served if isinstance(served, int) else None)
 
     async def _model_card(self, server: Server) -> dict[str, Any] | None:
         try:
@@ -288,9 +284,7 @@ class VLLMEngine:
         try:
             rpc = {"method": "reload_weights", "kwargs": {"weights_path": path, "is_checkpoint_format": True}}
             await post_json(self._http, base + "/collective_rpc", rpc)
-            reset = await post_json(
-                self._http, base + "/reset_prefix_cache", params={"reset_running_requests": "true"}
-            )
+            reset = await post_json(self._http, base + "/reset_prefix_cache", params={"reset_running_requests": "true"})
             if isinstance(reset, dict) and reset.get("success") is False:
                 raise ServerError("the prefix cache could not be reset after the reload")
             await post_json(self._http, base + "/update_weight_version", {"new_version": str(version)})

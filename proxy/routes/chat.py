@@ -78,7 +78,9 @@ async def chat_completions(request: Request, session_id: str | None = None) -> R
         if chat.logprobs:
             g = r.generation
             logprobs = {"content": token_logprobs(tok, g.output_ids, g.logprobs, g.top_logprobs, eos), "refusal": None}
-        choices.append({"index": r.index, "message": message, "logprobs": logprobs, "finish_reason": r.reply.finish_reason})
+        choices.append(
+            {"index": r.index, "message": message, "logprobs": logprobs, "finish_reason": r.reply.finish_reason}
+        )
     payload = {
         "id": turn.response_id,
         "object": "chat.completion",
@@ -135,10 +137,16 @@ async def _chunks(
     state.observe_call("chat", started, results)
     for r in results:
         for j, call in enumerate(r.reply.tool_calls):
-            head = {"index": j, "id": call["id"], "type": "function", "function": {"name": call["function"]["name"], "arguments": ""}}
+            head = {
+                "index": j,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""},
+            }
             yield chunk(r.index, {"tool_calls": [head]})
-            yield chunk(r.index, {"tool_calls": [{"index": j, "function": {"arguments": call["function"]["arguments"]}}]})
+            yield chunk(
+                r.index, {"tool_calls": [{"index": j, "function": {"arguments": call["function"]["arguments"]}}]}
+            )
         yield chunk(r.index, {}, finish=r.reply.finish_reason)
     yield sse({**base, "system_fingerprint": fingerprint, "choices": [], "usage": usage(turn, results)})
     yield b"data: [DONE]\n\n"
-

@@ -23,7 +23,9 @@ async def health(request: Request) -> Response:
     state = state_of(request)
     state.require_ready()
     engine = await state.engine.health()
-    return json_response({"status": "ok", "model": state.served_name, "version": state.engine.version, "engine": engine})
+    return json_response(
+        {"status": "ok", "model": state.served_name, "version": state.engine.version, "engine": engine}
+    )
 
 
 @router.get("/v1/models")

@@ -62,9 +62,7 @@ def create_db_engine(cfg: StoreConfig) -> SAEngine:
         return engine
     if url.get_backend_name() == "postgresql" and url.drivername == "postgresql":
         url = url.set(drivername="postgresql+psycopg")
-    return create_engine(
-        url, pool_size=cfg.pool_size, max_overflow=cfg.max_overflow, pool_pre_ping=True
-    )
+    return create_engine(url, pool_size=cfg.pool_size, max_overflow=cfg.max_overflow, pool_pre_ping=True)
 
 
 class Database:

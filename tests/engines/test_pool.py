@@ -264,9 +264,7 @@ def test_weight_version_labels():
 
 def test_error_bodies():
     assert isinstance(error_from_body({"error": {"message": "bad", "code": 400}}, 200), EngineRequestError)
-    assert isinstance(
-        error_from_body({"object": "error", "message": "bad", "code": 400}, 400), EngineRequestError
-    )
+    assert isinstance(error_from_body({"object": "error", "message": "bad", "code": 400}, 400), EngineRequestError)
     assert isinstance(error_from_body({"success": False, "message": "no such path"}, 400), EngineRequestError)
     err = error_from_body("Internal Server Error", 500)
     assert isinstance(err, ServerError) and err.dead
@@ -399,9 +397,7 @@ def test_sglang_engine_end_to_end_drops_a_failing_server(model_dir):
         serve(canned_sglang(bad_calls, model_dir, broken=True)) as bad,
         serve(canned_sglang(good_calls, model_dir)) as good,
     ):
-        cfg = EngineConfig(
-            backend="sglang", urls=[bad, good], retries=2, retry_dead_after_s=60.0, timeout_s=10
-        )
+        cfg = EngineConfig(backend="sglang", urls=[bad, good], retries=2, retry_dead_after_s=60.0, timeout_s=10)
 
         async def scenario():
             engine = SGLangEngine(cfg)

@@ -55,9 +55,7 @@ def test_request_always_sets_max_new_tokens_and_asks_for_logprobs():
 
 
 def test_request_seed_top_k_and_top_logprobs():
-    params = SamplingParams(
-        max_new_tokens=8, top_k=20, seed=7, top_logprobs=5, stop_token_ids=(9,), ignore_eos=True
-    )
+    params = SamplingParams(max_new_tokens=8, top_k=20, seed=7, top_logprobs=5, stop_token_ids=(9,), ignore_eos=True)
     req = build_generate_request([1], params, "r", stream=False)
     sp = req["sampling_params"]
     assert sp["top_k"] == 20 and sp["sampling_seed"] == 7
@@ -67,9 +65,7 @@ def test_request_seed_top_k_and_top_logprobs():
 
 
 def test_eos_stop_keeps_the_matched_token_in_output_ids():
-    delta = parse_generate_body(
-        body([9707, 11, IM_END], [-0.0012, -0.31, -0.05], {"type": "stop", "matched": IM_END})
-    )
+    delta = parse_generate_body(body([9707, 11, IM_END], [-0.0012, -0.31, -0.05], {"type": "stop", "matched": IM_END}))
     assert delta.token_ids == [9707, 11, IM_END]
     assert delta.logprobs == [-0.0012, -0.31, -0.05]
     assert delta.finish_reason == "stop"
@@ -80,9 +76,7 @@ def test_eos_stop_keeps_the_matched_token_in_output_ids():
 
 
 def test_stop_string_matched():
-    delta = parse_generate_body(
-        body([27, 14, 29], [-1.0, -2.0, -0.5], {"type": "stop", "matched": "</tool_call>"})
-    )
+    delta = parse_generate_body(body([27, 14, 29], [-1.0, -2.0, -0.5], {"type": "stop", "matched": "</tool_call>"}))
     assert delta.finish_reason == "stop"
     assert delta.matched_stop == "</tool_call>"
     assert delta.token_ids == [27, 14, 29]
@@ -223,9 +217,7 @@ def test_version_changes_between_chunks_are_kept_per_delta():
     d1 = decoder.feed(body([10, 11], [-0.1, -0.2], version="1"))
     d2 = decoder.feed(body([10, 11, 12], [-0.1, -0.2, -0.3], version="2"))
     spans = [{"version": "1", "start": 0, "end": 2}, {"version": "2", "start": 2, "end": 4}]
-    final = body(
-        [10, 11, 12, 13], [-0.1] * 4, {"type": "length", "length": 4}, version="2", weight_versions=spans
-    )
+    final = body([10, 11, 12, 13], [-0.1] * 4, {"type": "length", "length": 4}, version="2", weight_versions=spans)
     d3 = decoder.feed(final)
     assert (d1.versions, d2.versions, d3.versions) == ([1, 1], [2], [2])
     assert decoder.versions.current == 2

@@ -17,9 +17,7 @@ def choice(ids, logprobs, finish=None, stop_reason=None, top=None, **extra):
             "text_offset": list(range(len(ids))),
             "token_logprobs": logprobs,
             "tokens": [f"token_id:{i}" for i in ids],
-            "top_logprobs": top
-            if top is not None
-            else [{f"token_id:{i}": lp} for i, lp in zip(ids, logprobs)],
+            "top_logprobs": top if top is not None else [{f"token_id:{i}": lp} for i, lp in zip(ids, logprobs)],
         },
         "finish_reason": finish,
         "stop_reason": stop_reason,
@@ -52,9 +50,7 @@ def test_request_asks_for_token_ids_and_the_sampled_logprob():
 
 
 def test_request_seed_top_k_and_alternatives():
-    params = SamplingParams(
-        max_new_tokens=4, top_k=40, seed=3, top_logprobs=5, stop_token_ids=(7,), ignore_eos=True
-    )
+    params = SamplingParams(max_new_tokens=4, top_k=40, seed=3, top_logprobs=5, stop_token_ids=(7,), ignore_eos=True)
     req = build_completion_request([1], params, "r", None, stream=False)
     assert req["top_k"] == 40 and req["seed"] == 3 and req["logprobs"] == 5
     assert req["stop_token_ids"] == [7] and req["ignore_eos"] is True
@@ -122,9 +118,7 @@ def test_top_logprobs_are_sorted_and_cut_to_k():
 def test_weight_version_spans():
     spans = [{"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 3}]
     versions = WeightVersions()
-    delta = parse_completion_body(
-        answer(choice([1, 2, 3], [-0.1] * 3, "length", weight_versions=spans)), versions
-    )
+    delta = parse_completion_body(answer(choice([1, 2, 3], [-0.1] * 3, "length", weight_versions=spans)), versions)
     assert delta.versions == [4, 5, 5]
     assert versions.current == 5
 
@@ -162,15 +156,11 @@ def test_empty_chunk_is_skipped():
 
 def test_in_stream_errors_by_code():
     decoder = CompletionDecoder(WeightVersions())
-    nested = {
-        "error": {"message": "max_tokens too large", "type": "BadRequestError", "param": None, "code": 400}
-    }
+    nested = {"error": {"message": "max_tokens too large", "type": "BadRequestError", "param": None, "code": 400}}
     with pytest.raises(EngineRequestError, match="max_tokens too large"):
         decoder.feed(nested)
     with pytest.raises(ServerError, match="Internal server error"):
-        decoder.feed(
-            {"error": {"message": "Internal server error", "type": "InternalServerError", "code": 500}}
-        )
+        decoder.feed({"error": {"message": "Internal server error", "type": "InternalServerError", "code": 500}})
     flat = {"object": "error", "message": "bad prompt", "type": "BadRequestError", "code": 400}
     with pytest.raises(EngineRequestError, match="bad prompt"):
         decoder.feed(flat)

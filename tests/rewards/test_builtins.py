@@ -18,9 +18,7 @@ GSM8K_ANSWER = (
 )
 
 
-def _session(
-    text: str, reference: str | None = None, metadata: Mapping[str, Any] | None = None
-) -> SessionView:
+def _session(text: str, reference: str | None = None, metadata: Mapping[str, Any] | None = None) -> SessionView:
     reply = CompletionView(
         id="c1",
         parent_id=None,

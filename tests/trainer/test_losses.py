@@ -215,9 +215,7 @@ def test_microbatch_normaliser_equals_full_batch(loss_agg, ratio_level):
     normaliser = loss_denominator(mask, loss_agg)
     total = 0.0
     for rows in (slice(0, 2), slice(2, 4)):
-        part, _ = policy_loss(
-            halves[rows], prox[rows], behav[rows], adv[rows], mask[rows], normaliser=normaliser, **kw
-        )
+        part, _ = policy_loss(halves[rows], prox[rows], behav[rows], adv[rows], mask[rows], normaliser=normaliser, **kw)
         part.backward()
         total += part.item()
     assert total == pytest.approx(loss.item(), abs=1e-6)

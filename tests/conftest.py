@@ -1,0 +1,178 @@
+"""Shared fixtures: real `areal-proxy serve` processes on free ports, real stores.
+
+`proxy` is parametrized over SQLite and the machine's PostgreSQL, so every test
+that uses it runs against both. Each PostgreSQL server gets a fresh database that
+is dropped afterwards. Servers are session-scoped (the model loads once per
+store); tests keep to their own sessions so they never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+PG_ADMIN_URL = os.environ.get("AREAL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str  # http://127.0.0.1:PORT
+    db_url: str
+    process: subprocess.Popen
+    log: Path
+    admin_key: str = ""
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+
+    def get(self, path: str, **kw) -> httpx.Response:
+        return httpx.get(self.url + path, headers=self.headers(), timeout=120, **kw)
+
+    def post(self, path: str, **kw) -> httpx.Response:
+        headers = {**self.headers(), **kw.pop("headers", {})}
+        return httpx.post(self.url + path, headers=headers, timeout=600, **kw)
+
+    def new_session(self, **body) -> dict:
+        r = self.post("/sessions", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def session(self, session_id: str) -> dict:
+        r = self.get(f"/sessions/{session_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def tail(self, n: int = 4000) -> str:
+        return self.log.read_text()[-n:] if self.log.exists() else ""
+
+
+def _wait_healthy(server: Server, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"areal-proxy exited with {server.process.returncode}:\n{server.tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.3)
+    raise RuntimeError(f"areal-proxy did not become healthy:\n{server.tail()}")
+
+
+@contextlib.contextmanager
+def run_server(tmp: Path, db_url: str, *args: str, admin_key: str = "", env: dict | None = None) -> Iterator[Server]:
+    port = free_port()
+    log = tmp / f"proxy-{port}.log"
+    cmd = [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--db", db_url, *args]
+    if admin_key:
+        cmd += ["--admin-key", admin_key]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    server = Server(url=f"http://127.0.0.1:{port}", db_url=db_url, process=proc, log=log, admin_key=admin_key)
+    try:
+        _wait_healthy(server)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def pg_available() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
+            return True
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A new empty PostgreSQL database; yields its SQLAlchemy URL, drops it afterwards."""
+    import psycopg
+
+    if not pg_available():
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL} (required in CI)")
+        pytest.skip(f"PostgreSQL is not reachable at {PG_ADMIN_URL}")
+    name = "areal_test_" + secrets.token_hex(6)
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    try:
+        yield f"{base.replace('postgresql://', 'postgresql+psycopg://')}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def sqlite_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("sqlite-proxy")
+    with run_server(tmp, f"sqlite:///{tmp}/areal.db") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pg_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("pg-proxy")
+    with fresh_pg_database() as url, run_server(tmp, url) as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def proxy(request: pytest.FixtureRequest) -> Server:
+    """The proxy under test, once on SQLite and once on PostgreSQL."""
+    return request.getfixturevalue(f"{'sqlite' if request.param == 'sqlite' else 'pg'}_proxy")
+
+
+@pytest.fixture(scope="session")
+def gsm8k_dir() -> Path:
+    candidates = [os.environ.get("AREAL_GSM8K_DIR"), REPO.parent / "shared/data/gsm8k", Path("/work/shared/data/gsm8k")]
+    for c in candidates:
+        if c and (Path(c) / "test.jsonl").is_file():
+            return Path(c)
+    pytest.skip("GSM8K test data not found (set AREAL_GSM8K_DIR)")
+
+
+@pytest.fixture(scope="session")
+def reference_model():
+    """The default model loaded in the test process, for checking stored logprobs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
+
+    path = resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return model

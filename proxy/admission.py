@@ -34,11 +34,11 @@ class Admission:
         self._lock = asyncio.Lock()
         self.refused = 0
 
-    async def admit(self, create):  # noqa: ANN001, ANN201 - create: async () -> result
-        """Run `create()` if there is room, else raise 429. Checks are serialized."""
+    async def admit(self, create, count: int = 1):  # noqa: ANN001, ANN201 - create: async () -> result
+        """Run `create()` for `count` sessions if there is room, else raise 429. Checks are serialized."""
         async with self._lock:
             ahead = await self.db.aread(unconsumed_count)
-            if ahead >= self.limit:
+            if ahead + count > self.limit and not (ahead == 0 and count > self.limit):
                 self.refused += 1
                 raise too_many(
                     f"{ahead} sessions are waiting for the trainer (limit {self.limit} = "

@@ -126,6 +126,10 @@ def create_app(cfg: Config) -> FastAPI:
         from proxy.rewards_service import RewardService
 
         state.rewards = RewardService(state)
+        if cfg.proxy.admission:
+            from proxy.admission import Admission
+
+            state.admission = Admission(state.db, cfg.trainer.max_staleness, cfg.trainer.batch_size)
         loader = asyncio.create_task(state.load_engine())
         sweeper = asyncio.create_task(_sweep_sessions(state))
         try:

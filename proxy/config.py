@@ -142,8 +142,11 @@ class TrainerConfig(Section):
     """Token-level ratios (PPO) or sequence-level geometric mean (GSPO)."""
     kl_coef: float = 0.0
     """Coefficient of the KL penalty to the reference model (0 disables)."""
-    loss_agg: Literal["token_mean", "seq_mean"] = "token_mean"
-    """Average the loss over all tokens, or per sequence then over sequences."""
+    loss_agg: Literal["auto", "token_mean", "seq_mean", "token_sum_norm"] = "auto"
+    """Loss aggregation: token mean, per-sequence mean, or Dr. GRPO's constant-normalised sum (auto picks it
+    for drgrpo, token_mean otherwise)."""
+    minibatches: int = 1
+    """Optimizer steps per training batch (more than 1 recomputes proximal logprobs first)."""
     style: Literal["individual", "concat"] = "individual"
     """Training sample style built from each session."""
     tokens_per_microbatch: int = 8192
@@ -191,6 +194,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check(self) -> Config:
+        if self.trainer.loss_agg == "auto":
+            self.trainer.loss_agg = "token_sum_norm" if self.trainer.advantage == "drgrpo" else "token_mean"
         if self.trainer.batch_size % self.rollout.group_size:
             raise ValueError(
                 f"rollout.group_size {self.rollout.group_size} must divide trainer.batch_size {self.trainer.batch_size}"
@@ -247,8 +252,8 @@ def load_config(
         if not p.is_file():
             raise ConfigError(f"config file {p} not found")
         try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as exc:
+            data = json.loads(p.read_text()) if p.suffix == ".json" else tomllib.loads(p.read_text())
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"{p}: {exc}") from None
     for assignment in overrides or []:
         apply_override(data, assignment)

@@ -2,10 +2,11 @@
 
 Finishing scores the episode — an inline reward, or a registered reward function
 run on a read-only view of the session — adds that reward to the last
-completion's raw reward (per-turn rewards posted earlier stay), computes tree
-returns, and marks the session finished, all in one transaction that re-checks
-the status under a row lock. A reward function that fails marks the session
-failed with the reason. Finishing twice the same way answers the same result;
+completion's raw reward (or a per-turn mapping to the turns it names; rewards
+posted earlier stay), computes tree returns, and marks the session finished
+with that score as its reward, all in one transaction that re-checks the status
+under a row lock. A reward function that fails marks the session failed with
+the reason. Finishing twice the same way answers the same result;
 finishing differently is a 409.
 """
 
@@ -111,6 +112,8 @@ class RewardService:
             )
             if done.rowcount == 0:
                 raise not_found(f"completion {target!r} is not in session {session_id}", "completion_id")
+            # A posted reward is activity: the idle sweeper must not close this session under it.
+            conn.execute(update(sessions).where(sessions.c.id == session_id).values(updated_at=time.time()))
             return {"session_id": session_id, "completion_id": target, "reward": reward}
 
         return await self.db.write(op)
@@ -145,10 +148,28 @@ class RewardService:
             except (KeyError, ValueError) as exc:
                 raise invalid_request(str(exc.args[0] if exc.args else exc), "reward_fn") from None
             view = await self.db.aread(lambda c: self._view(c, session_id, reference))
-            result = await score(fn, view, self.cfg.timeout_s)
+            result = await score(fn, view, self.cfg.timeout_s, name=fn_name)
         outcome = await self.db.write(lambda c: self._apply(c, session_id, spec, result))
         self.sessions.set_status(session_id, outcome["status"])
         self.metrics.inc("areal_sessions_finished_total", status=outcome["status"])
+        return outcome
+
+    async def fail(self, session_id: str, reason: str) -> dict[str, Any]:
+        def op(conn: Connection) -> dict[str, Any]:
+            session = _locked_session(conn, session_id)
+            if session.status != "open":
+                raise conflict(f"session {session_id} is already {session.status}")
+            now = time.time()
+            conn.execute(
+                update(sessions)
+                .where(sessions.c.id == session_id)
+                .values(status="failed", failure=reason, finished_at=now, updated_at=now)
+            )
+            return _summary(_locked_session(conn, session_id))
+
+        outcome = await self.db.write(op)
+        self.sessions.set_status(session_id, "failed")
+        self.metrics.inc("areal_sessions_finished_total", status="failed")
         return outcome
 
     def _view(self, conn: Connection, session_id: str, reference: str | None) -> SessionView:
@@ -197,11 +218,10 @@ class RewardService:
             conn.execute(
                 update(completions).where(completions.c.id == r.id).values(reward=raw[r.id], ret=returns[r.id])
             )
-        total = sum(v for v in raw.values() if v is not None) if result.per_completion is not None else result.total
         conn.execute(
             update(sessions)
             .where(sessions.c.id == session_id)
-            .values(status="finished", reward=total, finish_spec=spec, finished_at=now, updated_at=now)
+            .values(status="finished", reward=result.total, finish_spec=spec, finished_at=now, updated_at=now)
         )
         return _summary(_locked_session(conn, session_id))
 

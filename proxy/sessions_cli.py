@@ -1,10 +1,16 @@
-"""`areal-proxy sessions list|show`: the store in the terminal, sessions as rich trees."""
+"""`areal-proxy sessions list|show`: the store in the terminal, sessions as rich trees.
+
+Everything recorded (ids, messages, replies, failure reasons) is escaped before it
+reaches rich, whose markup would otherwise eat "[...]" in model text or crash on
+a stray closing tag such as "[/INST]".
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 from sqlalchemy import select
@@ -31,15 +37,15 @@ def list_sessions(cfg: Config, status: str | None, limit: int) -> int:
         versions = "-" if r.min_version is None else f"{r.min_version}..{r.max_version}"
         reward = "-" if r.reward is None else f"{r.reward:g}"
         table.add_row(
-            r.id,
+            escape(r.id),
             r.status,
-            r.task_id or "-",
-            r.group_id or "-",
+            escape(r.task_id or "-"),
+            escape(r.group_id or "-"),
             str(r.num_completions),
             reward,
             versions,
             _when(r.created_at),
-            (r.failure or "")[:60],
+            escape((r.failure or "")[:60]),
         )
     Console().print(table)
     db.close()
@@ -48,7 +54,7 @@ def list_sessions(cfg: Config, status: str | None, limit: int) -> int:
 
 def _clip(text: str | None, n: int = 80) -> str:
     text = (text or "").replace("\n", "⏎ ")
-    return text if len(text) <= n else text[: n - 1] + "…"
+    return escape(text if len(text) <= n else text[: n - 1] + "…")
 
 
 def show_session(cfg: Config, session_id: str, show_tokens: bool) -> int:
@@ -57,22 +63,23 @@ def show_session(cfg: Config, session_id: str, show_tokens: bool) -> int:
     db.close()
     console = Console()
     if session is None:
-        console.print(f"[red]session {session_id} not found")
+        console.print(f"[red]session {escape(session_id)} not found")
         return 1
     payload = session_payload(session, rows)
     reward = "-" if session.reward is None else f"{session.reward:g}"
-    title = f"[bold]{session.id}[/] status=[bold]{session.status}[/] reward={reward} task={session.task_id or '-'}"
+    task = escape(session.task_id or "-")
+    title = f"[bold]{escape(session.id)}[/] status=[bold]{session.status}[/] reward={reward} task={task}"
     if session.failure:
-        title += f"\n[red]failure: {session.failure}"
+        title += f"\n[red]failure: {escape(session.failure)}"
     tree = Tree(title)
     branches = {}
     for node in payload["completions"]:
         parent = branches.get(node["parent_id"], tree)
         message = node["response"]
-        calls = ", ".join(c["function"]["name"] for c in message.get("tool_calls") or [])
+        calls = escape(", ".join(c["function"]["name"] for c in message.get("tool_calls") or []))
         versions = sorted(set(node["output_versions"])) or ["-"]
         label = (
-            f"[cyan]{node['id']}[/] turn {node['depth']} {node['finish_reason']} "
+            f"[cyan]{escape(node['id'])}[/] turn {node['depth']} {node['finish_reason']} "
             f"prompt={len(node['prompt_ids'])} out={len(node['output_ids'])} v={versions} "
             f"r={node['reward']} G={node['return']}\n"
             f"  last msg: {_clip(node['messages'][-1].get('content') if node['messages'] else '')}\n"

@@ -1,22 +1,26 @@
 """Calling a reward function safely: off the event loop, with a timeout, checked.
 
-A sync reward runs in a worker thread, an async one is awaited; both are bounded
-by `[rewards] timeout_s`. Anything but a finite float (or a mapping of completion
-ids to finite floats) is an error. Errors are returned, not raised, so the caller
-records the session as failed with the reason — never as a silent 0.0. A sync
-function that overruns its timeout cannot be killed; its thread is abandoned and
-its result ignored.
+A sync reward runs on a thread of its own, an async one is awaited; both are
+bounded by `[rewards] timeout_s`. Anything but a finite float (or a mapping of
+completion ids to finite floats) is an error. Errors are returned, not raised, so
+the caller records the session as failed with the reason — never as a silent 0.0.
+A sync function that overruns its timeout cannot be killed: its daemon thread is
+abandoned and its result ignored. It must not sit in the event loop's shared
+executor, where a few stuck rewards would starve the store's reads and block the
+server's shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Real
 
-from rewards.registry import RewardFn, is_async
+from rewards.registry import RewardFn, RewardValue, is_async
 from rewards.session import SessionView
 
 
@@ -41,21 +45,48 @@ def validate(value: object, completion_ids: set[str]) -> Score:
         per = {}
         for key, v in value.items():
             if key not in completion_ids:
-                raise KeyError(f"reward names completion {key!r}, which is not in this session")
+                raise ValueError(f"reward names completion {key!r}, which is not in this session")
             per[str(key)] = _check_float(v, f"reward for {key}")
         return Score(total=sum(per.values()), per_completion=per)
     return Score(total=_check_float(value, "reward"), per_completion=None)
 
 
-async def score(fn: RewardFn, view: SessionView, timeout_s: float) -> Score:
-    name = getattr(fn, "__name__", "reward")
-    try:
-        if is_async(fn):
-            value = await asyncio.wait_for(fn(view), timeout_s)
+def _on_own_thread(fn: RewardFn, view: SessionView, name: str) -> asyncio.Future:
+    """Run a sync reward on a daemon thread; its outcome settles the returned future."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(value: object, error: BaseException | None) -> None:
+        if future.done():  # timed out and abandoned
+            return
+        if error is None:
+            future.set_result(value)
         else:
-            value = await asyncio.wait_for(asyncio.to_thread(fn, view), timeout_s)
+            future.set_exception(error)
+
+    def run() -> None:
+        try:
+            outcome: tuple[object, BaseException | None] = (fn(view), None)
+        except BaseException as exc:  # handed to the awaiting coroutine, which records it
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed while the reward ran
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=run, name=f"reward-{name}", daemon=True).start()
+    return future
+
+
+async def score(fn: RewardFn, view: SessionView, timeout_s: float, name: str | None = None) -> Score:
+    """Score `view` with `fn`; `name` (the registered name) labels any error."""
+    name = name or getattr(fn, "__name__", "reward")
+    try:
+        call = fn(view) if is_async(fn) else _on_own_thread(fn, view, name)
+        task = asyncio.ensure_future(call)
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        if not done:
+            task.cancel()
+            return Score(None, None, f"reward {name} timed out after {timeout_s:g}s")
+        value: RewardValue = task.result()
         return validate(value, {c.id for c in view.completions})
-    except TimeoutError:
-        return Score(None, None, f"reward {name} timed out after {timeout_s:g}s")
     except Exception as exc:  # user code: any failure is recorded on the session
         return Score(None, None, f"reward {name} failed: {type(exc).__name__}: {exc}")

@@ -5,7 +5,9 @@ loop of steps. Each step admits waiting requests (a single-sequence prefill each
 whose KV rows then join the batch), decodes one token for every running row in
 one forward pass, samples per row, checks stop conditions and streams each new
 token back to its request. Weight updates are applied between steps, so nothing
-in flight is dropped; every token records the version that produced it.
+in flight is dropped; every token records the version that produced it. `pause()`
+parks the loop between steps (requests wait, new ones queue, weight updates still
+apply) until `resume()`.
 Runs on cpu, cuda or npu (torch_npu is imported only for npu).
 """
 
@@ -83,7 +85,7 @@ class _Request:
 
 @dataclass
 class _WeightUpdate:
-    state: dict[str, torch.Tensor]
+    state: dict[str, torch.Tensor] | None  # None: only a barrier, resolved between two steps
     version: int
     done: asyncio.Future
     loop: asyncio.AbstractEventLoop
@@ -106,6 +108,7 @@ class LocalEngine:
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._paused = False
         self._error: BaseException | None = None
         self.stats = {"steps": 0, "tokens": 0, "prefill_tokens": 0, "requests": 0}
         self._stop_strings_window: dict[str, int] = {}
@@ -143,6 +146,7 @@ class LocalEngine:
         return {
             "backend": "local",
             "version": self._version,
+            "paused": self._paused,
             "running": len(self._running),
             "waiting": len(self._waiting),
             **self.stats,
@@ -191,6 +195,35 @@ class LocalEngine:
 
     async def update_weights(self, path: str, version: int) -> None:
         state = await asyncio.to_thread(load_weights_file, path)
+        await self._between_steps(state, version)
+
+    async def pause(self) -> int:
+        """Stop decoding once the current step is done; returns the requests now held.
+
+        Held and newly arriving requests keep their place and tokens; weight updates
+        still apply while paused.
+        """
+        with self._wake:
+            self._paused = True
+        await self._between_steps(None, self._version)
+        return self.in_flight
+
+    def resume(self) -> None:
+        with self._wake:
+            self._paused = False
+            self._wake.notify()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running) + len(self._waiting)
+
+    async def _between_steps(self, state: dict[str, torch.Tensor] | None, version: int) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            raise EngineUnavailable(f"local engine is not running: {self._error!r}")
         loop = asyncio.get_running_loop()
         update = _WeightUpdate(state=state, version=version, done=loop.create_future(), loop=loop)
         with self._wake:
@@ -233,11 +266,13 @@ class LocalEngine:
             with torch.inference_mode():
                 while True:
                     with self._wake:
-                        while not (self._stopping or self._waiting or self._running or self._updates):
+                        while not (self._stopping or self._updates or self._has_work()):
                             self._wake.wait()
                         if self._stopping:
                             break
                     self._apply_updates()
+                    if self._paused:
+                        continue
                     self._admit()
                     if self._running:
                         self._decode()
@@ -246,6 +281,9 @@ class LocalEngine:
             self._error = exc
         finally:
             self._fail_all(EngineUnavailable(f"local engine stopped: {self._error!r}"))
+
+    def _has_work(self) -> bool:
+        return not self._paused and bool(self._waiting or self._running)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._wake:
@@ -262,6 +300,9 @@ class LocalEngine:
     def _apply_updates(self) -> None:
         while self._updates:
             update = self._updates.popleft()
+            if update.state is None:
+                update.loop.call_soon_threadsafe(_resolve, update.done, None)
+                continue
             try:
                 missing, unexpected = self.model.load_state_dict(update.state, strict=False)
                 missing = [m for m in missing if not m.endswith("lm_head.weight")]

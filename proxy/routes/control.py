@@ -52,13 +52,34 @@ async def create_session(request: Request) -> Response:
         except (KeyError, ValueError) as exc:
             raise invalid_request(str(exc.args[0] if exc.args else exc), "reward_fn") from None
 
-    async def create() -> Any:
-        return await state.sessions.create(**fields)
+    count = body.get("count")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1024):
+        raise invalid_request("count must be an integer between 1 and 1024", "count")
 
-    info, key = await (state.admission.admit(create) if state.admission else create())
+    async def create() -> list[Any]:
+        return [await state.sessions.create(**fields) for _ in range(count or 1)]
+
+    created = await (state.admission.admit(create, count or 1) if state.admission else create())
     base = (state.cfg.proxy.public_url or str(request.base_url)).rstrip("/")
-    payload = {"session_id": info.id, "api_key": key, "base_url": f"{base}/sessions/{info.id}/v1"}
-    return json_response(payload, status=201)
+    payloads = [
+        {"session_id": info.id, "api_key": key, "base_url": f"{base}/sessions/{info.id}/v1"} for info, key in created
+    ]
+    if count is None:
+        return json_response(payloads[0], status=201)
+    return json_response({"object": "list", "data": payloads}, status=201)
+
+
+@router.post("/sessions/{session_id}/fail")
+async def fail_session(request: Request, session_id: str) -> Response:
+    """End an open session as failed (an agent crash or timeout); its completions are kept."""
+    state = state_of(request)
+    state.sessions.require_admin(caller_of(request).token)
+    body = await json_body(request) if await request.body() else {}
+    reason = body.get("reason") if isinstance(body, dict) else None
+    if reason is not None and not isinstance(reason, str):
+        raise invalid_request("reason must be a string", "reason")
+    await state.sessions.get(session_id)
+    return json_response(await state.rewards.fail(session_id, reason or "failed by the client"))
 
 
 @router.get("/sessions")

@@ -1,0 +1,234 @@
+"""The episode runner: dataset → sessions → the user's agent → reward → finish.
+
+For each task it creates one group of `group_size` sessions in a single request
+(so admission control admits or refuses a whole group), then runs the agent once
+per session — in-process (`async def run(task, base_url, api_key)`) or as a
+subprocess with the session's URL and key in its environment — with a
+concurrency limit and a per-episode timeout. A finished episode is scored by the
+proxy (`finish` with the session's reward function); an agent that raises, exits
+non-zero or times out ends its session as failed without stopping the run. A 429
+from admission control is retried after its Retry-After. Progress (tasks
+started) is saved so a restarted run continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from adapters.tasks import is_command, load_agent
+from proxy.config import RolloutConfig
+
+log = logging.getLogger("areal_runner")
+
+
+@dataclass
+class RunnerStats:
+    tasks_started: int = 0
+    episodes_started: int = 0
+    episodes_finished: int = 0
+    episodes_failed: int = 0
+    admission_waits: int = 0
+    reward_sum: float = 0.0
+    recent_rewards: list[float] = field(default_factory=list)
+
+    def record(self, reward: float | None) -> None:
+        if reward is None:
+            return
+        self.reward_sum += reward
+        self.recent_rewards = (self.recent_rewards + [reward])[-256:]
+
+
+class EpisodeRunner:
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        proxy_url: str,
+        tasks: list[dict[str, Any]],
+        *,
+        admin_key: str = "",
+        state_path: Path | None = None,
+        agent: Callable[..., Any] | str | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.proxy_url = proxy_url.rstrip("/")
+        self.tasks = tasks
+        self.headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+        self.state_path = state_path
+        spec = agent if agent is not None else cfg.agent
+        self.command = spec if isinstance(spec, str) and is_command(spec) else None
+        self.agent = None if self.command else (spec if callable(spec) else load_agent(spec))
+        self.stats = RunnerStats()
+        self.stats.tasks_started = self._saved_position()
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), headers=self.headers)
+
+    def _saved_position(self) -> int:
+        if self.state_path and self.state_path.is_file():
+            return int(json.loads(self.state_path.read_text()).get("tasks_started", 0))
+        return 0
+
+    def _save_position(self) -> None:
+        if self.state_path:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.state_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"tasks_started": self.stats.tasks_started}))
+            os.replace(tmp, self.state_path)
+
+    # -- the run --------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event | None = None) -> RunnerStats:
+        stop = stop or asyncio.Event()
+        slots = asyncio.Semaphore(self.cfg.concurrency)
+        running: set[asyncio.Task] = set()
+        order = list(range(len(self.tasks)))
+        random.Random(self.cfg.seed).shuffle(order)
+        try:
+            while not stop.is_set():
+                n = self.stats.tasks_started
+                if self.cfg.max_tasks and n >= self.cfg.max_tasks:
+                    break
+                if not self.tasks:
+                    break
+                task = self.tasks[order[n % len(order)]]
+                epoch = n // len(order)
+                # one group waits for free slots so it starts together
+                for _ in range(self.cfg.group_size):
+                    await slots.acquire()
+                try:
+                    group = await self._create_group(task, epoch, stop)
+                except BaseException:
+                    for _ in range(self.cfg.group_size):
+                        slots.release()
+                    raise
+                if group is None:
+                    for _ in range(self.cfg.group_size):
+                        slots.release()
+                    break
+                self.stats.tasks_started += 1
+                self._save_position()
+                for session in group:
+                    t = asyncio.create_task(self._episode(task, session, slots))
+                    running.add(t)
+                    t.add_done_callback(running.discard)
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+        finally:
+            for t in running:
+                t.cancel()
+            await self._http.aclose()
+        return self.stats
+
+    async def _create_group(self, task: dict[str, Any], epoch: int, stop: asyncio.Event) -> list[dict] | None:
+        body = {
+            "count": self.cfg.group_size,
+            "task_id": str(task["id"]),
+            "group_id": f"{task['id']}@{epoch}",
+            "reward_fn": self.cfg.reward_fn or None,
+            "reference": task.get("reference"),
+            "metadata": task.get("metadata") or {},
+        }
+        delay = 0.5
+        while not stop.is_set():
+            try:
+                r = await self._http.post(f"{self.proxy_url}/sessions", json=body)
+            except httpx.TransportError as exc:
+                log.warning("proxy unreachable (%s); retrying", exc)
+                await _sleep_or_stop(stop, delay)
+                delay = min(delay * 2, 10)
+                continue
+            if r.status_code == 201:
+                return r.json()["data"]
+            if r.status_code in (429, 503):
+                self.stats.admission_waits += 1
+                wait = float(r.headers.get("retry-after", 1))
+                await _sleep_or_stop(stop, min(wait, 5.0))
+                continue
+            raise RuntimeError(f"POST /sessions failed: {r.status_code} {r.text}")
+        return None
+
+    async def _episode(self, task: dict[str, Any], session: dict[str, Any], slots: asyncio.Semaphore) -> None:
+        self.stats.episodes_started += 1
+        sid = session["session_id"]
+        try:
+            try:
+                await asyncio.wait_for(self._call_agent(task, session), self.cfg.episode_timeout_s)
+            except TimeoutError:
+                await self._end(sid, "fail", {"reason": f"episode timed out after {self.cfg.episode_timeout_s:g}s"})
+                return
+            except Exception as exc:  # the user's agent crashed: that session fails, the run goes on
+                log.info("agent failed in %s: %s", sid, exc)
+                await self._end(sid, "fail", {"reason": f"agent error: {type(exc).__name__}: {exc}"[:2000]})
+                return
+            result = await self._end(sid, "finish", {})
+            if result and result.get("status") == "finished":
+                self.stats.episodes_finished += 1
+                self.stats.record(result.get("reward"))
+            else:
+                self.stats.episodes_failed += 1
+        finally:
+            slots.release()
+
+    async def _call_agent(self, task: dict[str, Any], session: dict[str, Any]) -> None:
+        if self.agent is not None:
+            await self.agent(task, session["base_url"], session["api_key"])
+            return
+        env = {
+            **os.environ,
+            "OPENAI_BASE_URL": session["base_url"],
+            "OPENAI_API_KEY": session["api_key"],
+            "ANTHROPIC_BASE_URL": session["base_url"].removesuffix("/v1"),
+            "ANTHROPIC_API_KEY": session["api_key"],
+            "OPENAI_AGENTS_DISABLE_TRACING": "1",
+            "AREAL_TASK": json.dumps(task),
+        }
+        proc = await asyncio.create_subprocess_shell(
+            self.command,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            _, err = await proc.communicate()
+        except asyncio.CancelledError:
+            proc.kill()
+            raise
+        if proc.returncode != 0:
+            raise RuntimeError(f"agent command exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
+
+    async def _end(self, session_id: str, action: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        if action == "fail":
+            self.stats.episodes_failed += 1
+        for attempt in range(5):
+            try:
+                r = await self._http.post(f"{self.proxy_url}/sessions/{session_id}/{action}", json=body)
+            except httpx.TransportError:
+                await asyncio.sleep(1 + attempt)
+                continue
+            if r.status_code == 200:
+                return r.json()
+            if r.status_code == 409:  # already ended (e.g. timed out by the proxy)
+                return None
+            log.warning("%s %s: %s %s", action, session_id, r.status_code, r.text[:300])
+            return None
+        return None
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
+def throughput(stats: RunnerStats, started: float) -> float:
+    return stats.episodes_finished / max(time.time() - started, 1e-6)

@@ -1,0 +1,47 @@
+"""The CPU quickstart agent: two-digit addition and subtraction with the plain `openai` client.
+
+`tasks(split, seed)` generates the problems on the fly (no data file): every
+a ∘ b with a, b in 10..99 and ∘ in {+, -}; a fixed, seeded set of 200 is held
+out as the eval split and never appears in train. `run(task, base_url, api_key)`
+is the agent: one question, one answer, exactly as a user would write it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from openai import AsyncOpenAI
+
+EVAL_SIZE = 200
+
+
+def _all_problems() -> list[tuple[int, str, int]]:
+    return [(a, op, b) for a in range(10, 100) for b in range(10, 100) for op in ("+", "-")]
+
+
+def tasks(split: str = "train", seed: int = 0) -> list[dict]:
+    problems = _all_problems()
+    rng = random.Random(1234)  # the eval split is the same whatever the training seed
+    held_out = set(rng.sample(range(len(problems)), EVAL_SIZE))
+    chosen = sorted(held_out) if split == "eval" else [i for i in range(len(problems)) if i not in held_out]
+    out = []
+    for i in chosen:
+        a, op, b = problems[i]
+        answer = a + b if op == "+" else a - b
+        out.append({"id": f"{a}{op}{b}", "question": f"What is {a} {op} {b}?", "reference": str(answer)})
+    if split != "eval":
+        random.Random(seed).shuffle(out)
+    return out
+
+
+async def run(task: dict, base_url: str, api_key: str) -> None:
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=2)
+    try:
+        await client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": task["question"]}],
+            max_tokens=24,
+            temperature=1.0,
+        )
+    finally:
+        await client.close()

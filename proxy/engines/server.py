@@ -1,0 +1,464 @@
+"""`areal-proxy engine`: the embedded engine as its own server, speaking SGLang's native API.
+
+Several proxies (or hosts) can then share engines through the proxy's `sglang` backend,
+unchanged. The subset served is what RL clients use: `/generate` (token ids in; ids,
+logprobs and per-token weight versions out; cumulative SSE chunks when streamed),
+`/update_weights_from_disk`, `/pause_generation` + `/continue_generation`, `/model_info`,
+`/server_info`, `/health` and `/health_generate`. Errors use SGLang's nested shape
+`{"error": {"message", "type", "code", "retryable"}}`, in the body or as an in-stream event.
+
+Pausing never drops work, whatever the mode: running and queued requests keep their tokens
+and go on after `/continue_generation` (SGLang's "retract"/"in_place"; its "abort" mode would
+end them). Weight versions are integers inside the engine and labels on the wire: an
+int-like label is the version itself, any other label is given the next integer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from starlette.responses import Response, StreamingResponse
+
+from proxy.config import Config
+from proxy.engines.base import EngineRequestError, EngineUnavailable, SamplingParams, StreamDelta
+from proxy.engines.local import LocalEngine
+
+log = logging.getLogger(__name__)
+
+SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
+_ACCEPTED = {
+    "max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "ignore_eos",
+    "sampling_seed", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens",
+}  # fmt: skip
+# SGLang sampling parameters the embedded engine accepts only at their neutral value.
+_NEUTRAL = {
+    "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+    "min_new_tokens": 0, "n": 1, "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
+    "logit_bias": None, "stop_regex": None, "custom_params": None,
+}  # fmt: skip
+# Top-level `/generate` features the embedded engine does not have (falsy values are fine).
+_UNSUPPORTED = ("input_embeds", "image_data", "audio_data", "lora_path", "session_params", "return_hidden_states")
+_CLAMPED_LOGPROB = -999999999.0  # JSON has no -inf; SGLang clamps to this
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve as sent: 400 in SGLang's error shape."""
+
+
+def error_body(message: str, status: int) -> dict[str, Any]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "code": status, "retryable": status >= 500}}
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+@dataclass
+class Job:
+    """One sequence of a `/generate` call, and what it produced so far."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+    started: float = field(default_factory=time.perf_counter)
+
+    def add(self, delta: StreamDelta) -> None:
+        self.ids += delta.token_ids
+        self.logprobs += delta.logprobs
+        self.versions += delta.versions
+        self.tops += delta.top_logprobs or [[] for _ in delta.token_ids]
+        if delta.finish_reason == "stop":
+            self.finish = {"type": "stop", "matched": delta.matched_stop}
+        elif delta.finish_reason == "length":
+            self.finish = {"type": "length", "length": len(self.ids)}
+        elif delta.finish_reason == "abort":
+            self.finish = {"type": "abort", "message": delta.abort_message or "aborted"}
+
+
+def parse_sampling(raw: Any, prompt_len: int, max_context: int, top_logprobs: int) -> tuple[SamplingParams, dict]:
+    """SGLang `sampling_params` → engine params + text options; `RequestError` on what cannot be honoured."""
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise RequestError("sampling_params must be an object")
+    for key, value in raw.items():
+        if key in _NEUTRAL:
+            if value not in (_NEUTRAL[key], None):
+                raise RequestError(f"sampling_params.{key}={value!r} is not supported by the embedded engine")
+        elif key not in _ACCEPTED:
+            raise RequestError(f"unknown sampling parameter {key!r}")
+    max_new = raw.get("max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS)
+    max_new = max_context - prompt_len if max_new is None else max_new
+    temperature, top_p, top_k = raw.get("temperature", 1.0), raw.get("top_p", 1.0), raw.get("top_k", -1)
+    seed = raw.get("sampling_seed")
+    if not _is_int(max_new) or max_new < 0:
+        raise RequestError(f"max_new_tokens must be a non-negative integer, got {max_new!r}")
+    if not _is_number(temperature) or temperature < 0:
+        raise RequestError(f"temperature must be non-negative, got {temperature!r}")
+    if not _is_number(top_p) or not 0 < top_p <= 1:
+        raise RequestError(f"top_p must be in (0, 1], got {top_p!r}")
+    if not _is_int(top_k) or top_k == 0 or top_k < -1:
+        raise RequestError(f"top_k must be -1 (disable), or at least 1, got {top_k!r}")
+    if seed is not None and not _is_int(seed):
+        raise RequestError(f"sampling_seed must be an integer, got {seed!r}")
+    stop = raw.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    stop_ids = raw.get("stop_token_ids") or []
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("stop must be a string or a list of non-empty strings")
+    if not isinstance(stop_ids, list) or not all(_is_int(i) for i in stop_ids):
+        raise RequestError("stop_token_ids must be a list of integers")
+    params = SamplingParams(
+        max_new_tokens=max_new,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        top_k=max(top_k, 0),
+        seed=seed,
+        stop=tuple(stop),
+        stop_token_ids=tuple(stop_ids),
+        ignore_eos=bool(raw.get("ignore_eos", False)),
+        top_logprobs=top_logprobs,
+    )
+    text = {"skip_special_tokens": raw.get("skip_special_tokens", True), "no_stop_trim": raw.get("no_stop_trim", False)}
+    return params, text
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _clamp(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else _CLAMPED_LOGPROB
+
+
+class EngineServer:
+    """The LocalEngine plus what SGLang's wire format adds: labels, request parsing, answers."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.engine = LocalEngine(cfg.engine)
+        self.labels: dict[int, str] = {}
+        self.update_lock = asyncio.Lock()
+
+    def label(self, version: int) -> str:
+        return self.labels.get(version, str(version))
+
+    def to_version(self, label: Any) -> int:
+        """The engine version for a wire label; a new non-numeric label gets the next integer."""
+        if label is None:
+            return self.engine.version
+        text = str(label)
+        try:
+            return int(text)
+        except ValueError:
+            known = [v for v, name in self.labels.items() if name == text]
+            if known:
+                return known[-1]
+            version = self.engine.version + 1
+            self.labels[version] = text
+            return version
+
+    # -- /generate ----------------------------------------------------------------
+    def parse_generate(self, body: Any) -> tuple[list[Job], bool]:
+        """The jobs of a `/generate` body and whether it was a batch."""
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        for key in _UNSUPPORTED:
+            if body.get(key):
+                raise RequestError(f"{key} is not supported by the embedded engine")
+        if (body.get("input_ids") is None) == (body.get("text") is None):
+            raise RequestError("Either text or input_ids should be provided, but not both.")
+        prompts = body["input_ids"] if body.get("input_ids") is not None else body["text"]
+        batch = isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], list | str)
+        prompts = prompts if batch else [prompts]
+        if body.get("text") is not None:
+            if not all(isinstance(t, str) for t in prompts):
+                raise RequestError("text must be a string or a list of strings")
+            prompts = [self.engine.tokenizer.encode(t) for t in prompts]
+        rids = body.get("rid")
+        rids = rids if isinstance(rids, list) else [rids] * len(prompts)
+        samplings = body.get("sampling_params")
+        samplings = samplings if isinstance(samplings, list) else [samplings] * len(prompts)
+        if len(rids) != len(prompts) or len(samplings) != len(prompts):
+            raise RequestError("rid and sampling_params lists must match the number of prompts")
+        top_n = body.get("top_logprobs_num") or 0
+        if not _is_int(top_n) or top_n < 0:
+            raise RequestError(f"top_logprobs_num must be a non-negative integer, got {top_n!r}")
+        start = body.get("logprob_start_len", -1)
+        vocab = getattr(self.engine.model.config, "vocab_size", None) or len(self.engine.tokenizer)
+        jobs = []
+        for ids, rid, sampling in zip(prompts, rids, samplings, strict=True):
+            if not isinstance(ids, list) or not ids or not all(_is_int(i) for i in ids):
+                raise RequestError("input_ids must be a non-empty list of token ids")
+            if _is_int(start) and 0 <= start < len(ids):
+                raise RequestError("input token logprobs (logprob_start_len >= 0) are not supported")
+            if len(ids) >= self.engine.info.max_context:
+                raise RequestError(
+                    f"The input ({len(ids)} tokens) is longer than the model's context length "
+                    f"({self.engine.info.max_context} tokens)."
+                )
+            if any(i < 0 or i >= vocab for i in ids):
+                raise RequestError(f"input_ids contain ids outside the vocabulary (0..{vocab - 1})")
+            params, text = parse_sampling(sampling, len(ids), self.engine.info.max_context, top_n)
+            jobs.append(
+                Job(rid=str(rid) if rid is not None else uuid.uuid4().hex, input_ids=ids, params=params, **text)
+            )
+        return jobs, batch
+
+    async def run(self, job: Job) -> AsyncIterator[Job]:
+        """Generate `job`, yielding it after every new token; the last one has its finish reason."""
+        if job.params.max_new_tokens == 0:
+            job.finish = {"type": "length", "length": 0}
+            yield job
+            return
+        stream = self.engine.stream(job.input_ids, job.params, request_id=job.rid)
+        async with aclosing(stream) as deltas:
+            async for delta in deltas:
+                job.add(delta)
+                yield job
+
+    def answer(self, job: Job, body: dict[str, Any]) -> dict[str, Any]:
+        """SGLang's `{"text", "output_ids", "meta_info"}` for the job as it stands (cumulative)."""
+        meta: dict[str, Any] = {
+            "id": job.rid,
+            "finish_reason": job.finish,
+            "prompt_tokens": len(job.input_ids),
+            "completion_tokens": len(job.ids),
+            "cached_tokens": 0,
+            "weight_version": self.label(job.versions[-1] if job.versions else self.engine.version),
+            "weight_versions": self.spans(job.versions),
+            "e2e_latency": round(time.perf_counter() - job.started, 4),
+        }
+        if body.get("return_logprob"):
+            with_text = bool(body.get("return_text_in_logprobs"))
+            meta["output_token_logprobs"] = [
+                [_clamp(lp), i, self._token_text(i) if with_text else None]
+                for lp, i in zip(job.logprobs, job.ids, strict=True)
+            ]
+            meta["output_token_logprobs_length"] = len(job.ids)
+            if job.params.top_logprobs:
+                meta["output_top_logprobs"] = [
+                    [[_clamp(lp), i, self._token_text(i) if with_text else None] for i, lp in row] for row in job.tops
+                ]
+        return {"text": self.text(job), "output_ids": list(job.ids), "meta_info": meta}
+
+    def spans(self, versions: list[int]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for i, version in enumerate(versions):
+            if out and out[-1]["_v"] == version:
+                out[-1]["end"] = i + 1
+            else:
+                out.append({"_v": version, "version": self.label(version), "start": i, "end": i + 1})
+        return [{k: v for k, v in span.items() if k != "_v"} for span in out]
+
+    def text(self, job: Job) -> str:
+        """Decoded output; the matched stop token or string is cut unless `no_stop_trim`."""
+        ids = job.ids
+        matched = (job.finish or {}).get("matched")
+        if not job.no_stop_trim and isinstance(matched, int) and ids and ids[-1] == matched:
+            ids = ids[:-1]
+        text = self.engine.tokenizer.decode(ids, skip_special_tokens=job.skip_special_tokens)
+        if not job.no_stop_trim and isinstance(matched, str) and (cut := text.find(matched)) >= 0:
+            text = text[:cut]
+        return text
+
+    def _token_text(self, token: int) -> str:
+        return self.engine.tokenizer.decode([token])
+
+    async def generate(self, job: Job, body: dict[str, Any]) -> dict[str, Any]:
+        async for _ in self.run(job):
+            pass
+        return self.answer(job, body)
+
+    async def stream_events(self, job: Job, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        try:
+            async for state in self.run(job):
+                yield b"data: " + orjson.dumps(self.answer(state, body)) + b"\n\n"
+        except EngineRequestError as exc:
+            yield b"data: " + orjson.dumps(error_body(str(exc), 400)) + b"\n\n"
+        except EngineUnavailable as exc:
+            yield b"data: " + orjson.dumps(error_body(str(exc), 503)) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    # -- control ------------------------------------------------------------------
+    def model_info(self) -> dict[str, Any]:
+        path = self.engine.info.model_path
+        return {
+            "model_path": path,
+            "tokenizer_path": path,
+            "served_model_name": self.cfg.engine.model,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.label(self.engine.version),
+            "load_format": "safetensors",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        return {
+            **self.model_info(),
+            "context_length": self.engine.info.max_context,
+            "max_running_requests": self.cfg.engine.max_batch_size,
+            "device": self.cfg.engine.device,
+            "dtype": self.cfg.engine.dtype,
+            "eos_token_ids": list(self.engine.info.eos_token_ids),
+            "backend": "areal-proxy local engine",
+            "internal_states": [{"paused": self.engine.paused, "in_flight": self.engine.in_flight}],
+        }
+
+    async def update_weights(self, body: Any) -> tuple[dict[str, Any], int]:
+        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+            return {"success": False, "message": "model_path is required", "num_paused_requests": 0}, 400
+        if body.get("abort_all_requests"):
+            return {"success": False, "message": "abort_all_requests is not supported", "num_paused_requests": 0}, 400
+        async with self.update_lock:
+            held = self.engine.in_flight if self.engine.paused else 0
+            version = self.to_version(body.get("weight_version"))
+            try:
+                await self.engine.update_weights(body["model_path"], version)
+            except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
+                message = f"Failed to update weights: {exc}. Rolled back to the previous weights."
+                return {"success": False, "message": message, "num_paused_requests": held}, 400
+        log.info("weights from %s loaded as version %s", body["model_path"], self.label(version))
+        message = "Succeeded to update model weights."
+        return {"success": True, "message": message, "num_paused_requests": held}, 200
+
+
+def create_engine_app(cfg: Config) -> FastAPI:
+    server = EngineServer(cfg)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await server.engine.start()  # the port opens once the model is loaded, as with SGLang
+        log.info("engine ready: %s", server.engine.info.model_path)
+        try:
+            yield
+        finally:
+            await server.engine.stop()
+
+    app = FastAPI(title="areal-proxy engine", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    @app.exception_handler(RequestError)
+    async def _bad_request(_: Request, exc: RequestError) -> Response:
+        return json_response(error_body(str(exc), 400), 400)
+
+    @app.exception_handler(EngineRequestError)
+    async def _rejected(_: Request, exc: EngineRequestError) -> Response:
+        return json_response(error_body(str(exc), 400), 400)
+
+    @app.exception_handler(EngineUnavailable)
+    async def _unavailable(_: Request, exc: EngineUnavailable) -> Response:
+        return json_response(error_body(str(exc), 503), 503)
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(request: Request) -> Response:
+        body = await _json(request)
+        jobs, batch = server.parse_generate(body)
+        if body.get("stream"):
+            if batch:
+                raise RequestError("streaming a batch of prompts is not supported by the embedded engine")
+            return StreamingResponse(server.stream_events(jobs[0], body), media_type="text/event-stream")
+        answers = await asyncio.gather(*(server.generate(job, body) for job in jobs))
+        return json_response(answers if batch else answers[0])
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> Response:
+        answer, status = await server.update_weights(await _json(request))
+        return json_response(answer, status)
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> Response:
+        body = await _json(request, default={})
+        mode = (body or {}).get("mode", "abort")
+        if mode not in ("abort", "retract", "in_place"):
+            raise RequestError(f"mode must be abort, retract or in_place, got {mode!r}")
+        held = await server.engine.pause()
+        log.info("generation paused (mode %s): %d requests held", mode, held)
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> Response:
+        server.engine.resume()
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def model_info() -> Response:
+        return json_response(server.model_info())
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info() -> Response:
+        return json_response(server.server_info())
+
+    @app.get("/health")
+    async def health() -> Response:
+        return json_response(await server.engine.health())
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        await server.engine.health()
+        job = Job(rid=f"health-{uuid.uuid4().hex}", input_ids=[0], params=SamplingParams(max_new_tokens=1))
+        try:
+            await asyncio.wait_for(server.generate(job, {}), timeout=60)
+        except TimeoutError:
+            return json_response(error_body("no token generated within 60 s (paused or overloaded)", 503), 503)
+        return Response(status_code=200)
+
+    return app
+
+
+async def _json(request: Request, default: Any = None) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        if default is not None:
+            return default
+        raise RequestError("the request body is empty; send a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+
+
+def serve_engine(cfg: Config, host: str, port: int) -> int:
+    """Run the engine server until interrupted; 0 on a clean stop, 1 if it never started."""
+    import uvicorn
+
+    app = create_engine_app(cfg)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=cfg.proxy.log_level,
+            access_log=cfg.proxy.log_level == "debug",
+            timeout_graceful_shutdown=10,
+        )
+    )
+    server.run()
+    return 0 if server.started else 1

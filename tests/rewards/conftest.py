@@ -1,0 +1,102 @@
+"""A proxy that loads a user reward module of misbehaving rewards, with γ = 0.9.
+
+One SQLite server serves both the return checks (`--set rewards.discount=0.9`)
+and the failure checks (`--set rewards.timeout_s=1`), so the model loads once.
+The module is written to a temporary file and loaded with `--rewards PATH`, as a
+user would load their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Server, run_server
+
+REWARD_MODULE = '''
+"""Rewards that each fail in their own way, plus one per-turn reward that works."""
+
+import asyncio
+import time
+
+from rewards import SessionView, reward
+
+
+@reward("test_raises")
+def raises(session: SessionView) -> float:
+    raise RuntimeError("grader exploded on [/INST]")
+
+
+@reward("test_too_slow")
+def too_slow(session: SessionView) -> float:
+    time.sleep(4)
+    return 1.0
+
+
+@reward("test_too_slow_async")
+async def too_slow_async(session: SessionView) -> float:
+    await asyncio.sleep(4)
+    return 1.0
+
+
+@reward("test_stuck")
+def stuck(session: SessionView) -> float:
+    time.sleep(900)  # holds its thread long after the timeout
+    return 1.0
+
+
+@reward("test_nan")
+def not_a_number(session: SessionView) -> float:
+    return float("nan")
+
+
+@reward("test_bool")
+def boolean(session: SessionView) -> bool:
+    return True
+
+
+@reward("test_string")
+def string(session: SessionView) -> str:
+    return "1.0"
+
+
+@reward("test_stranger")
+def stranger(session: SessionView) -> dict:
+    return {"chatcmpl-not-in-this-session": 1.0}
+
+
+@reward("test_per_turn")
+async def per_turn(session: SessionView) -> dict:
+    """Turn k (in creation order) earns k + 1."""
+    await asyncio.sleep(0.01)
+    return {c.id: float(k + 1) for k, c in enumerate(session.completions)}
+'''
+
+REWARD_NAMES = [
+    "test_bool",
+    "test_nan",
+    "test_per_turn",
+    "test_raises",
+    "test_stranger",
+    "test_string",
+    "test_stuck",
+    "test_too_slow",
+    "test_too_slow_async",
+]
+
+
+@pytest.fixture(scope="session")
+def reward_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("reward-module") / "misbehaving_rewards.py"
+    path.write_text(REWARD_MODULE)
+    return path
+
+
+@pytest.fixture(scope="session")
+def rewards_proxy(tmp_path_factory: pytest.TempPathFactory, reward_module: Path) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("rewards-proxy")
+    args = ["--rewards", str(reward_module), "--set", "rewards.discount=0.9", "--set", "rewards.timeout_s=1"]
+    with run_server(tmp, f"sqlite:///{tmp}/areal.db", *args) as server:
+        yield server

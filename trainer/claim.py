@@ -1,0 +1,130 @@
+"""Claiming finished sessions for a training step — exactly once, complete groups only.
+
+One transaction picks finished sessions whose group has nothing left open, drops
+(and counts) the ones sampled more than `max_staleness` versions before the
+trainer's current version, and marks the rest consumed by this step. On
+PostgreSQL the rows are locked with `FOR UPDATE SKIP LOCKED`, so two trainers
+(or a restarted one racing its predecessor) never take the same session; SQLite
+serializes writers. `consumed_step` records the step that trained a session
+(-1: dropped as stale, -2: skipped, zero reward variance), so a trainer that
+resumes from an earlier checkpoint hands back exactly the sessions it lost.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection, func, select, update
+
+from proxy.store.schema import sessions
+
+DROPPED_STALE = -1
+SKIPPED_ZERO_VARIANCE = -2
+
+
+@dataclass
+class Claim:
+    session_ids: list[str] = field(default_factory=list)
+    dropped_stale: list[str] = field(default_factory=list)
+
+
+def _group_key(row) -> str:  # noqa: ANN001
+    return row.group_id or row.task_id or row.id
+
+
+def claim_batch(
+    conn: Connection, *, step: int, batch_size: int, current_version: int, max_staleness: int, scan: int = 0
+) -> Claim:
+    """Claim complete groups totalling at least `batch_size` sessions, or nothing."""
+    query = (
+        select(sessions.c.id, sessions.c.group_id, sessions.c.task_id, sessions.c.min_version, sessions.c.finished_at)
+        .where(sessions.c.status == "finished", sessions.c.auto.is_(False))
+        .order_by(sessions.c.finished_at, sessions.c.id)
+        .limit(scan or batch_size * 8)
+    )
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    rows = conn.execute(query).all()
+    groups: OrderedDict[str, list] = OrderedDict()
+    for row in rows:
+        groups.setdefault(_group_key(row), []).append(row)
+    named = [g for g in groups if g in {r.group_id for r in rows if r.group_id}]
+    still_open = set()
+    if named:
+        open_query = (
+            select(sessions.c.group_id)
+            .where(sessions.c.status == "open", sessions.c.group_id.in_(named))
+            .group_by(sessions.c.group_id)
+        )
+        still_open = {r.group_id for r in conn.execute(open_query)}
+    claim = Claim()
+    floor = current_version - max_staleness
+    taken = 0
+    for key, members in groups.items():
+        if key in still_open:
+            continue
+        for row in members:
+            if row.min_version is not None and row.min_version < floor:
+                claim.dropped_stale.append(row.id)
+            else:
+                claim.session_ids.append(row.id)
+                taken += 1
+        if taken >= batch_size:
+            break
+    if taken < batch_size:
+        # Not enough for a step yet: still drop what is stale, claim nothing else.
+        claim.session_ids = []
+    if claim.dropped_stale:
+        conn.execute(
+            update(sessions)
+            .where(sessions.c.id.in_(claim.dropped_stale), sessions.c.status == "finished")
+            .values(
+                status="consumed",
+                consumed_step=DROPPED_STALE,
+                failure=f"dropped: sampled before version {floor} (max_staleness {max_staleness})",
+            )
+        )
+    if claim.session_ids:
+        conn.execute(
+            update(sessions)
+            .where(sessions.c.id.in_(claim.session_ids), sessions.c.status == "finished")
+            .values(status="consumed", consumed_step=step)
+        )
+    return claim
+
+
+def mark_skipped(conn: Connection, session_ids: list[str], reason: str) -> None:
+    if session_ids:
+        conn.execute(
+            update(sessions)
+            .where(sessions.c.id.in_(session_ids))
+            .values(consumed_step=SKIPPED_ZERO_VARIANCE, failure=f"skipped: {reason}")
+        )
+
+
+def release_after(conn: Connection, step: int) -> int:
+    """Hand back sessions trained after checkpoint `step` (their updates were lost)."""
+    result = conn.execute(
+        update(sessions)
+        .where(sessions.c.status == "consumed", sessions.c.consumed_step > step)
+        .values(status="finished", consumed_step=None)
+    )
+    return result.rowcount or 0
+
+
+def trained_count(conn: Connection) -> dict[str, int]:
+    """Sessions by fate, for progress and for the exactly-once checks."""
+    rows = conn.execute(
+        select(sessions.c.status, sessions.c.consumed_step, func.count())
+        .where(sessions.c.auto.is_(False))
+        .group_by(sessions.c.status, sessions.c.consumed_step)
+    ).all()
+    out = {"open": 0, "finished": 0, "trained": 0, "dropped_stale": 0, "skipped": 0, "failed": 0}
+    for status, consumed_step, count in rows:
+        if status == "consumed":
+            key = {DROPPED_STALE: "dropped_stale", SKIPPED_ZERO_VARIANCE: "skipped"}.get(consumed_step, "trained")
+            out[key] += count
+        elif status in out:
+            out[status] += count
+    return out

@@ -1,0 +1,210 @@
+"""`areal-proxy train` on one machine: proxy, episode runner and trainer together.
+
+The proxy (with its engine, admission control on) and the trainer run as child
+processes reading one effective config written to the run directory; the episode
+runner runs here, on the event loop, next to a rich progress display fed by the
+trainer's metrics file. The run ends when the trainer reaches `max_steps` or the
+dataset is used up and trained; Ctrl-C stops the runner, lets the trainer
+checkpoint, and stops the proxy. Running the same command again resumes: the
+trainer from its last checkpoint, the runner from its saved dataset position;
+sessions left open by the interrupted run are closed as failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from sqlalchemy import update
+
+from adapters.runner import EpisodeRunner
+from adapters.tasks import load_tasks
+from proxy.config import Config
+from proxy.store.db import Database
+from proxy.store.schema import sessions
+from trainer.loop import proxy_url
+from trainer.metrics import read_metrics
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def close_interrupted_sessions(cfg: Config) -> int:
+    """Sessions an earlier, interrupted run left open can never finish: fail them."""
+    db = Database(cfg.store)
+    try:
+        return db.transaction(
+            lambda c: (
+                c.execute(
+                    update(sessions)
+                    .where(sessions.c.status == "open", sessions.c.auto.is_(False))
+                    .values(status="failed", failure="interrupted: the run was stopped", finished_at=time.time())
+                ).rowcount
+            )
+        )
+    finally:
+        db.close()
+
+
+class Children:
+    """The proxy and trainer processes of a run."""
+
+    def __init__(self, run_dir: Path, config_file: Path) -> None:
+        self.run_dir = run_dir
+        self.config_file = config_file
+        self.procs: dict[str, subprocess.Popen] = {}
+        env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self.env = env
+
+    def start(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.run_dir / f"{name}.log", "a")  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen(
+            [sys.executable, *args, "--config", str(self.config_file)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def stop(self, name: str, timeout: float = 60) -> int | None:
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return proc.returncode if proc else None
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the proxy exited ({proc.returncode}); see {log}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"the proxy did not become ready in {timeout:.0f}s; see {log}")
+
+
+def progress_table(cfg: Config, run_dir: Path, runner: EpisodeRunner, started: float) -> Table:
+    rows = read_metrics(run_dir)
+    steps = [r for r in rows if "reward_mean" in r]
+    last = steps[-1] if steps else {}
+    recent = steps[-10:]
+    table = Table(title=f"areal-proxy train — {run_dir}", show_header=False, min_width=60)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("step", f"{last.get('step', 0)}" + (f" / {cfg.trainer.max_steps}" if cfg.trainer.max_steps else ""))
+    table.add_row("policy version", str(last.get("version", 0)))
+    if recent:
+        table.add_row("reward mean (last 10 steps)", f"{sum(r['reward_mean'] for r in recent) / len(recent):.3f}")
+        table.add_row("accuracy (last 10 steps)", f"{sum(r['accuracy'] for r in recent) / len(recent):.3f}")
+        table.add_row("staleness mean / max", f"{last['staleness_mean']:.2f} / {last['staleness_max']}")
+        table.add_row("samples/s (train)", f"{last['samples_per_s']:.1f}")
+        table.add_row("loss / grad norm", f"{last.get('loss', 0):.4f} / {last.get('grad_norm', 0):.3f}")
+    s = runner.stats
+    elapsed = max(time.time() - started, 1e-6)
+    table.add_row("episodes finished / failed", f"{s.episodes_finished} / {s.episodes_failed}")
+    table.add_row("episodes/s", f"{s.episodes_finished / elapsed:.2f}")
+    table.add_row("admission waits", str(s.admission_waits))
+    table.add_row("elapsed", f"{elapsed:.0f}s")
+    return table
+
+
+def launch(cfg: Config, config_path: str | None) -> int:
+    run_dir = Path(cfg.trainer.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.proxy.port == 0:
+        cfg.proxy.port = _free_port()
+    cfg.proxy.admission = True
+    config_file = run_dir / "config.json"
+    config_file.write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
+    (run_dir / "STOP").unlink(missing_ok=True)
+    interrupted = close_interrupted_sessions(cfg)
+    console = Console()
+    if interrupted:
+        console.print(f"closed {interrupted} sessions left open by an interrupted run")
+    tasks = load_tasks(cfg.rollout.dataset, "train", cfg.rollout.seed)
+    children = Children(run_dir, config_file)
+    url = proxy_url(cfg)
+    proxy = children.start("proxy", ["-m", "proxy.cli", "serve"])
+    try:
+        wait_healthy(url, proxy, run_dir / "proxy.log")
+        trainer = children.start("trainer", ["-m", "trainer.loop"])
+        runner = EpisodeRunner(
+            cfg.rollout, url, tasks, admin_key=cfg.proxy.admin_key, state_path=run_dir / "runner_state.json"
+        )
+        code = asyncio.run(_supervise(cfg, run_dir, runner, trainer, console))
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        trainer_code = children.stop("trainer", timeout=300)
+        children.stop("proxy")
+    if code == 0 and trainer_code not in (0, None):
+        code = trainer_code
+    console.print(f"run finished (exit {code}); metrics: {run_dir / 'metrics.jsonl'}")
+    return code
+
+
+async def _supervise(
+    cfg: Config, run_dir: Path, runner: EpisodeRunner, trainer: subprocess.Popen, console: Console
+) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    started = time.time()
+    rollout = asyncio.create_task(runner.run(stop))
+    interactive = console.is_terminal
+    with (
+        Live(progress_table(cfg, run_dir, runner, started), console=console, refresh_per_second=1, transient=False)
+        if interactive
+        else contextlib.nullcontext() as live
+    ):
+        last_print = 0.0
+        interrupted = False
+        while True:
+            await asyncio.sleep(1.0)
+            if live is not None:
+                live.update(progress_table(cfg, run_dir, runner, started))
+            elif time.time() - last_print > 30:
+                console.print(progress_table(cfg, run_dir, runner, started))
+                last_print = time.time()
+            if trainer.poll() is not None:
+                break
+            if stop.is_set():
+                interrupted = True
+                break
+            if rollout.done():
+                (run_dir / "STOP").touch()  # the trainer ends once nothing more can be claimed
+    stop.set()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(rollout, 60)
+    (run_dir / "STOP").unlink(missing_ok=True)
+    if interrupted:
+        return 130
+    return 0 if trainer.poll() is None else trainer.returncode

@@ -1,0 +1,237 @@
+"""The asynchronous trainer: claim → advantages → decoupled PPO step → push weights.
+
+It runs as its own process beside the proxy and learns from whatever finished
+sessions the store holds, while rollouts continue. Staleness is bounded twice:
+the proxy admits new sessions only while unconsumed ones are fewer than
+(max_staleness + 1) × batch_size, and the claim drops any session whose oldest
+token is more than max_staleness versions old. On start it resumes from the last
+checkpoint and hands back sessions consumed after it, so a crash never trains a
+session twice nor loses one; the engine is brought to the checkpoint's weights
+under a fresh, higher version so versions stay monotonic.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from proxy.config import Config
+from proxy.engines.local import select_device
+from proxy.engines.model_files import resolve_model
+from proxy.store.db import Database
+from rewards.export import SessionSamples, load_samples
+from trainer import checkpoint
+from trainer.advantages import ADVANTAGES
+from trainer.batch import build_samples, pack
+from trainer.claim import claim_batch, mark_skipped, release_after
+from trainer.metrics import MetricsSink
+from trainer.step import recompute_proximal, train_step
+from trainer.weights import WeightSync
+
+log = logging.getLogger("areal_trainer")
+
+
+def proxy_url(cfg: Config) -> str:
+    if cfg.proxy.public_url:
+        return cfg.proxy.public_url
+    host = "127.0.0.1" if cfg.proxy.host in ("0.0.0.0", "::") else cfg.proxy.host
+    return f"http://{host}:{cfg.proxy.port}"
+
+
+def session_advantages(sessions: list[SessionSamples], estimator: str) -> tuple[dict, dict, list[str], list[str]]:
+    """Per-session baseline and scale from the group estimator; (baseline, scale, kept, skipped)."""
+    groups = {g: i for i, g in enumerate(dict.fromkeys(s.group_id for s in sessions))}
+    rewards = torch.tensor([s.reward for s in sessions], dtype=torch.float64)
+    group_ids = torch.tensor([groups[s.group_id] for s in sessions])
+    adv = ADVANTAGES[estimator](rewards, group_ids)
+    baseline = {s.session_id: float(adv.baseline[i]) for i, s in enumerate(sessions)}
+    scale = {s.session_id: float(adv.scale[i]) or 1.0 for i, s in enumerate(sessions)}
+    skipped = [s.session_id for i, s in enumerate(sessions) if bool(adv.skipped[i])]
+    kept = [s.session_id for i, s in enumerate(sessions) if not bool(adv.skipped[i])]
+    return baseline, scale, kept, skipped
+
+
+class Trainer:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.tcfg = cfg.trainer
+        self.run_dir = Path(self.tcfg.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.device = select_device(self.tcfg.device)
+        self.db = Database(cfg.store)
+        self.sync = WeightSync(self.run_dir, proxy_url(cfg), cfg.proxy.admin_key)
+        self.metrics = MetricsSink(self.run_dir)
+        self.state = checkpoint.TrainerState()
+        self.stopping = False
+        self.model: Any = None
+        self.ref_model: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.pad_id = 0
+
+    # -- setup ----------------------------------------------------------------------
+    def setup(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(self.tcfg.seed)
+        source = self.tcfg.model or self.cfg.engine.model
+        base = resolve_model(source, self.cfg.engine.cache_dir)
+        resume = checkpoint.latest(self.run_dir)
+        dtype = torch.bfloat16 if self.tcfg.dtype == "bfloat16" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(resume or base, dtype=dtype).to(self.device)
+        self.model.eval()
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        o = self.tcfg.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        if self.tcfg.kl_coef > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(self.device).eval()
+            self.ref_model.requires_grad_(False)
+        if resume is not None:
+            self.state = checkpoint.load_state(resume, self.optimizer)
+            released = self.db.transaction(lambda c: release_after(c, self.state.step))
+            version = max(self.state.version, self.sync.engine_version()) + 1
+            self.sync.push(self.model, version)
+            self.state.version = version
+            log.info("resumed from %s (step %d); %d sessions handed back", resume.name, self.state.step, released)
+        else:
+            self.state.version = self.sync.engine_version()
+
+    # -- loop -----------------------------------------------------------------------
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        self.setup()
+        idle_since = time.time()
+        try:
+            while not self.stopping and not self._done():
+                started = time.time()
+                claim = self.db.transaction(
+                    lambda c: claim_batch(
+                        c,
+                        step=self.state.step + 1,
+                        batch_size=self.tcfg.batch_size,
+                        current_version=self.state.version,
+                        max_staleness=self.tcfg.max_staleness,
+                    )
+                )
+                if claim.dropped_stale:
+                    self.metrics.log(self.state.step, {"dropped_stale": len(claim.dropped_stale)})
+                if not claim.session_ids:
+                    if (self.run_dir / "STOP").exists():
+                        break
+                    time.sleep(self.tcfg.poll_interval_s)
+                    continue
+                waited = started - idle_since
+                self._train(claim.session_ids, len(claim.dropped_stale), waited)
+                idle_since = time.time()
+        finally:
+            if self.state.step > 0 and self.optimizer is not None:
+                checkpoint.save(self.run_dir, self.model, self.optimizer, self.state)
+            self.metrics.close()
+            self.db.close()
+        return 0
+
+    def _done(self) -> bool:
+        return self.tcfg.max_steps > 0 and self.state.step >= self.tcfg.max_steps
+
+    def _stop(self, *_: Any) -> None:
+        self.stopping = True
+
+    def _train(self, session_ids: list[str], dropped: int, waited: float) -> None:
+        t0 = time.time()
+        sessions = self.db.read(lambda c: load_samples(c, session_ids))
+        baseline, scale, kept, skipped = session_advantages(sessions, self.tcfg.advantage)
+        if skipped and self.tcfg.skip_zero_variance:
+            self.db.transaction(lambda c: mark_skipped(c, skipped, "zero reward variance in its group"))
+            train_on = [s for s in sessions if s.session_id in set(kept)]
+        else:
+            train_on = sessions
+        samples = build_samples(train_on, self.tcfg.style, baseline, scale)
+        step = self.state.step + 1
+        result = None
+        if samples:
+            batches = pack(samples, self.tcfg.tokens_per_microbatch, self.pad_id)
+            self._set_lr(step)
+            if self.tcfg.minibatches > 1 and self.tcfg.proximal == "recompute":
+                recompute_proximal(self.model, batches, self.device)
+            parts = [batches[i :: self.tcfg.minibatches] for i in range(self.tcfg.minibatches)]
+            for part in (p for p in parts if p):
+                result = train_step(
+                    self.model, self.optimizer, part, self.tcfg, self.device, self.state.version, self.ref_model
+                )
+        t_train = time.time() - t0
+        self.state.step = step
+        self.state.samples += len(samples)
+        self.state.sessions_trained += len(train_on)
+        push_s = 0.0
+        if result is not None and step % self.tcfg.weight_sync_every == 0:
+            push_s = self.sync.push(self.model, self.state.version + 1)
+            self.state.version += 1
+        if step % self.tcfg.checkpoint_every == 0:
+            checkpoint.save(self.run_dir, self.model, self.optimizer, self.state)
+        self._log(step, sessions, samples, result, dropped, len(skipped), waited, t_train, push_s)
+
+    def _set_lr(self, step: int) -> None:
+        o = self.tcfg.optim
+        factor = min(1.0, step / o.warmup_steps) if o.warmup_steps else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = o.lr * factor
+
+    def _log(self, step, sessions, samples, result, dropped, skipped, waited, t_train, push_s) -> None:  # noqa: ANN001
+        rewards = [s.reward for s in sessions]
+        staleness = [self.state.version - (s.min_version or 0) for s in sessions]
+        values = {
+            "version": self.state.version,
+            "sessions": len(sessions),
+            "samples": len(samples),
+            "reward_mean": sum(rewards) / max(len(rewards), 1),
+            "accuracy": sum(r > 0 for r in rewards) / max(len(rewards), 1),
+            "staleness_mean": sum(staleness) / max(len(staleness), 1),
+            "staleness_max": max(staleness, default=0),
+            "dropped_stale": dropped,
+            "skipped_zero_variance": skipped,
+            "wait_s": waited,
+            "train_s": t_train,
+            "push_s": push_s,
+            "samples_per_s": len(samples) / max(t_train + push_s, 1e-6),
+        }
+        if result is not None:
+            values.update({"loss": result.loss, "grad_norm": result.grad_norm, "tokens": result.tokens, **result.stats})
+        self.metrics.log(step, values)
+        log.info(
+            "step %d v%d reward %.3f acc %.2f sessions %d skipped %d stale %.1f train %.1fs push %.1fs",
+            step,
+            self.state.version,
+            values["reward_mean"],
+            values["accuracy"],
+            len(sessions),
+            skipped,
+            values["staleness_mean"],
+            t_train,
+            push_s,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from proxy.config import load_config
+
+    parser = argparse.ArgumentParser(prog="python -m trainer.loop", description="run the trainer process")
+    parser.add_argument("--config", help="configuration file (TOML or the JSON a launcher writes)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if cfg.engine.threads > 0:
+        torch.set_num_threads(cfg.engine.threads)
+    return Trainer(cfg).run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""Weight sync: write the trainer's weights and tell the proxy to load them.
+
+Weights go to `run_dir/weights/v{version}` as a Hugging Face directory (config +
+safetensors), the format the embedded engine, SGLang's `update_weights_from_disk`
+and vLLM's `reload_weights` all read. The proxy swaps them in between decode
+steps and bumps its version; only the newest two directories are kept.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+class WeightSync:
+    def __init__(self, run_dir: Path, proxy_url: str, admin_key: str = "", timeout_s: float = 600.0) -> None:
+        self.root = run_dir / "weights"
+        self.proxy_url = proxy_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+        self.timeout_s = timeout_s
+
+    def engine_version(self) -> int:
+        r = httpx.get(f"{self.proxy_url}/health", headers=self.headers, timeout=30)
+        r.raise_for_status()
+        return int(r.json()["version"])
+
+    def push(self, model: Any, version: int) -> float:
+        """Save and load `version`; returns the seconds it took."""
+        started = time.perf_counter()
+        self.root.mkdir(parents=True, exist_ok=True)
+        target = self.root / f"v{version:07d}"
+        model.save_pretrained(target, safe_serialization=True)
+        for attempt in range(5):
+            try:
+                r = httpx.post(
+                    f"{self.proxy_url}/weights",
+                    json={"path": str(target.resolve()), "version": version},
+                    headers=self.headers,
+                    timeout=self.timeout_s,
+                )
+                if r.status_code < 500:
+                    break
+            except httpx.TransportError:
+                if attempt == 4:
+                    raise
+            time.sleep(1 + attempt)
+        if r.status_code != 200:
+            raise RuntimeError(f"the proxy refused weights v{version}: {r.status_code} {r.text}")
+        for old in sorted(p for p in self.root.iterdir() if p.name.startswith("v"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        return time.perf_counter() - started

@@ -69,6 +69,7 @@ class EpisodeRunner:
         self.command = spec if isinstance(spec, str) and is_command(spec) else None
         self.agent = None if self.command else (spec if callable(spec) else load_agent(spec))
         self.stats = RunnerStats()
+        self._open: set[str] = set()
         self.stats.tasks_started = self._saved_position()
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), headers=self.headers)
 
@@ -119,11 +120,15 @@ class EpisodeRunner:
                     t = asyncio.create_task(self._episode(task, session, slots))
                     running.add(t)
                     t.add_done_callback(running.discard)
-            if running:
+            if running and not stop.is_set():
                 await asyncio.gather(*running, return_exceptions=True)
         finally:
-            for t in running:
+            for t in list(running):
                 t.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+            for sid in list(self._open):  # episodes cut short by the stop: end them, do not leave them open
+                await self._end(sid, "fail", {"reason": "stopped: the run ended before the episode did"})
             await self._http.aclose()
         return self.stats
 
@@ -158,6 +163,7 @@ class EpisodeRunner:
     async def _episode(self, task: dict[str, Any], session: dict[str, Any], slots: asyncio.Semaphore) -> None:
         self.stats.episodes_started += 1
         sid = session["session_id"]
+        self._open.add(sid)
         try:
             try:
                 await asyncio.wait_for(self._call_agent(task, session), self.cfg.episode_timeout_s)
@@ -206,6 +212,7 @@ class EpisodeRunner:
             raise RuntimeError(f"agent command exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
 
     async def _end(self, session_id: str, action: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        self._open.discard(session_id)
         if action == "fail":
             self.stats.episodes_failed += 1
         for attempt in range(5):

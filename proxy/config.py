@@ -156,7 +156,10 @@ class TrainerConfig(Section):
     checkpoint_every: int = 10
     """Checkpoint every N steps (and at exit)."""
     run_dir: str = "./runs/default"
-    """Checkpoints, weights, metrics and logs of this run."""
+    """Checkpoints, metrics and logs of this run."""
+    weights_dir: str = ""
+    """Where pushed weights are written (must be readable by the engines); empty: /dev/shm for a local
+    engine, else run_dir/weights."""
     seed: int = 0
     """Trainer seed."""
     poll_interval_s: float = 0.5

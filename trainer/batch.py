@@ -1,16 +1,21 @@
-"""From claimed sessions to padded microbatches under a token budget.
+"""From claimed sessions to prefix-shared training groups under a token budget.
 
 Each session yields samples in the configured style (`individual`: one per
-completion; `concat`: one per root-to-leaf path, see rewards/export.py). Every
-sample carries per-token targets: the sampled ids, their behaviour logprobs and
-versions, and an advantage built from the tree returns and the session group's
-baseline/scale. Samples are sorted by length and packed so that each microbatch's
-padded size stays under `tokens_per_microbatch`: memory stays flat whatever the
-sequence lengths, and gradients accumulate across microbatches.
+completion; `concat`: one per root-to-leaf path, see rewards/export.py), each a
+token sequence with a loss mask over sampled tokens, behaviour logprobs,
+versions and per-token advantages ((return - baseline) / scale of its group).
+
+GRPO's samples share their prompt: the n answers to one task start with the same
+ids. Samples are grouped by their prefix (the ids before the first trained
+token); the trainer runs the prefix once and the G continuations on top of its
+KV, so a group costs P + G·O tokens instead of G·(P + O). Groups are split so
+each forward stays under `tokens_per_microbatch`: memory stays flat whatever the
+sequence lengths, and gradients accumulate across them.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -21,28 +26,37 @@ from rewards.export import SessionSamples
 @dataclass
 class Sample:
     input_ids: list[int]
-    loss_mask: list[int]  # 1 where input_ids[t] was sampled (the target of position t-1)
+    loss_mask: list[int]  # 1 where input_ids[t] was sampled
     behav_logprobs: list[float]
     versions: list[int]
     advantages: list[float]
     temperature: float
 
+    @property
+    def prefix_len(self) -> int:
+        return self.loss_mask.index(1)
+
 
 @dataclass
-class MicroBatch:
-    input_ids: torch.Tensor  # (B, T)
-    attention_mask: torch.Tensor  # (B, T)
-    loss_mask: torch.Tensor  # (B, T-1) bool: targets input_ids[:, 1:]
-    targets: torch.Tensor  # (B, T-1)
-    behav_logprobs: torch.Tensor  # (B, T-1)
-    versions: torch.Tensor  # (B, T-1)
-    advantages: torch.Tensor  # (B, T-1)
-    temperature: torch.Tensor  # (B,)
-    prox_logprobs: torch.Tensor | None = None  # (B, T-1), recomputed before several minibatches
+class PrefixGroup:
+    """G samples sharing their first P ids; tensors over the continuation positions (G, O)."""
+
+    prefix: torch.Tensor  # (P,)
+    continuation: torch.Tensor  # (G, O) ids after the prefix, right-padded
+    loss_mask: torch.Tensor  # (G, O) bool
+    behav_logprobs: torch.Tensor  # (G, O)
+    versions: torch.Tensor  # (G, O)
+    advantages: torch.Tensor  # (G, O)
+    temperature: torch.Tensor  # (G,)
+    prox_logprobs: torch.Tensor | None = None  # (G, O), recomputed before several minibatches
 
     @property
     def num_tokens(self) -> int:
         return int(self.loss_mask.sum())
+
+    @property
+    def cost(self) -> int:
+        return self.prefix.shape[0] + self.continuation.numel()
 
 
 def build_samples(
@@ -57,13 +71,14 @@ def build_samples(
                 n = len(c.output_ids)
                 if n == 0:
                     continue
+                p = len(c.prompt_ids)
                 out.append(
                     Sample(
                         input_ids=c.prompt_ids + c.output_ids,
-                        loss_mask=[0] * len(c.prompt_ids) + [1] * n,
-                        behav_logprobs=[0.0] * len(c.prompt_ids) + c.behav_logprobs,
-                        versions=[-1] * len(c.prompt_ids) + c.versions,
-                        advantages=[0.0] * len(c.prompt_ids) + [(c.ret - b) / k] * n,
+                        loss_mask=[0] * p + [1] * n,
+                        behav_logprobs=[0.0] * p + c.behav_logprobs,
+                        versions=[-1] * p + c.versions,
+                        advantages=[0.0] * p + [(c.ret - b) / k] * n,
                         temperature=c.temperature,
                     )
                 )
@@ -84,34 +99,38 @@ def build_samples(
     return out
 
 
-def pack(samples: list[Sample], tokens_per_microbatch: int, pad_id: int) -> list[MicroBatch]:
-    """Length-sorted packing; a sample longer than the budget gets a microbatch of its own."""
-    order = sorted(samples, key=lambda s: len(s.input_ids))
-    batches: list[list[Sample]] = []
-    for sample in order:
-        if batches and len(sample.input_ids) * (len(batches[-1]) + 1) <= tokens_per_microbatch:
-            batches[-1].append(sample)
-        else:
-            batches.append([sample])
-    return [_collate(group, pad_id) for group in batches]
+def pack(samples: list[Sample], tokens_per_microbatch: int, pad_id: int) -> list[PrefixGroup]:
+    """Group samples by shared prefix, then split groups to fit the token budget."""
+    by_prefix: OrderedDict[tuple[int, ...], list[Sample]] = OrderedDict()
+    for s in samples:
+        by_prefix.setdefault(tuple(s.input_ids[: s.prefix_len]), []).append(s)
+    groups: list[PrefixGroup] = []
+    for prefix, members in by_prefix.items():
+        members.sort(key=lambda s: len(s.input_ids))
+        chunk: list[Sample] = []
+        for s in members:
+            width = len(s.input_ids) - len(prefix)
+            if chunk and len(prefix) + width * (len(chunk) + 1) > tokens_per_microbatch:
+                groups.append(_collate(prefix, chunk, pad_id))
+                chunk = []
+            chunk.append(s)
+        groups.append(_collate(prefix, chunk, pad_id))
+    return groups
 
 
-def _collate(samples: list[Sample], pad_id: int) -> MicroBatch:
-    width = max(len(s.input_ids) for s in samples)
+def _collate(prefix: tuple[int, ...], samples: list[Sample], pad_id: int) -> PrefixGroup:
+    p = len(prefix)
+    width = max(len(s.input_ids) for s in samples) - p
 
-    def padded(values: list, fill: float | int, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor([v + [fill] * (width - len(v)) for v in values], dtype=dtype)
+    def tail(values: list, fill: float | int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([v[p:] + [fill] * (width - (len(v) - p)) for v in values], dtype=dtype)
 
-    ids = padded([s.input_ids for s in samples], pad_id, torch.long)
-    attention = padded([[1] * len(s.input_ids) for s in samples], 0, torch.long)
-    mask = padded([s.loss_mask for s in samples], 0, torch.bool)
-    return MicroBatch(
-        input_ids=ids,
-        attention_mask=attention,
-        loss_mask=mask[:, 1:],
-        targets=ids[:, 1:],
-        behav_logprobs=padded([s.behav_logprobs for s in samples], 0.0, torch.float32)[:, 1:],
-        versions=padded([s.versions for s in samples], -1, torch.long)[:, 1:],
-        advantages=padded([s.advantages for s in samples], 0.0, torch.float32)[:, 1:],
+    return PrefixGroup(
+        prefix=torch.tensor(prefix, dtype=torch.long),
+        continuation=tail([s.input_ids for s in samples], pad_id, torch.long),
+        loss_mask=tail([s.loss_mask for s in samples], 0, torch.bool),
+        behav_logprobs=tail([s.behav_logprobs for s in samples], 0.0, torch.float32),
+        versions=tail([s.versions for s in samples], -1, torch.long),
+        advantages=tail([s.advantages for s in samples], 0.0, torch.float32),
         temperature=torch.tensor([s.temperature if s.temperature > 1e-5 else 1.0 for s in samples]),
     )

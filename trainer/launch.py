@@ -83,6 +83,7 @@ class Children:
             env=self.env,
         )
         self.procs[name] = proc
+        (self.run_dir / f"{name}.pid").write_text(str(proc.pid))
         return proc
 
     def stop(self, name: str, timeout: float = 60) -> int | None:

@@ -12,6 +12,7 @@ under a fresh, higher version so versions stay monotonic.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import time
@@ -31,7 +32,7 @@ from trainer.batch import build_samples, pack
 from trainer.claim import claim_batch, mark_skipped, release_after
 from trainer.metrics import MetricsSink
 from trainer.step import recompute_proximal, train_step
-from trainer.weights import WeightSync
+from trainer.weights import WeightSync, default_weights_dir
 
 log = logging.getLogger("areal_trainer")
 
@@ -64,7 +65,12 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.device = select_device(self.tcfg.device)
         self.db = Database(cfg.store)
-        self.sync = WeightSync(self.run_dir, proxy_url(cfg), cfg.proxy.admin_key)
+        weights_dir = (
+            Path(self.tcfg.weights_dir)
+            if self.tcfg.weights_dir
+            else default_weights_dir(self.run_dir, cfg.engine.backend == "local")
+        )
+        self.sync = WeightSync(weights_dir, proxy_url(cfg), cfg.proxy.admin_key)
         self.metrics = MetricsSink(self.run_dir)
         self.state = checkpoint.TrainerState()
         self.stopping = False
@@ -98,6 +104,7 @@ class Trainer:
             self.sync.push(self.model, version)
             self.state.version = version
             log.info("resumed from %s (step %d); %d sessions handed back", resume.name, self.state.step, released)
+            self._audit({"resume_from": self.state.step, "handed_back": released})
         else:
             self.state.version = self.sync.engine_version()
 
@@ -165,6 +172,7 @@ class Trainer:
                     self.model, self.optimizer, part, self.tcfg, self.device, self.state.version, self.ref_model
                 )
         t_train = time.time() - t0
+        self._audit({"step": step, "trained": [s.session_id for s in train_on], "skipped": skipped})
         self.state.step = step
         self.state.samples += len(samples)
         self.state.sessions_trained += len(train_on)
@@ -175,6 +183,11 @@ class Trainer:
         if step % self.tcfg.checkpoint_every == 0:
             checkpoint.save(self.run_dir, self.model, self.optimizer, self.state)
         self._log(step, sessions, samples, result, dropped, len(skipped), waited, t_train, push_s)
+
+    def _audit(self, entry: dict[str, Any]) -> None:
+        """Append-only record of which sessions each step trained on (and of resumes)."""
+        with open(self.run_dir / "trained_sessions.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
 
     def _set_lr(self, step: int) -> None:
         o = self.tcfg.optim

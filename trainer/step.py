@@ -16,33 +16,47 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from proxy.config import TrainerConfig
-from trainer.batch import MicroBatch
+from trainer.batch import PrefixGroup
 from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate
 
 
-def target_logprobs(model: Any, mb: MicroBatch, device: torch.device) -> torch.Tensor:
-    """log π(target) at loss positions; (B, T-1), zero elsewhere."""
-    ids = mb.input_ids.to(device)
-    hidden = model.base_model(input_ids=ids, attention_mask=mb.attention_mask.to(device)).last_hidden_state
-    sel = mb.loss_mask.to(device)
-    h = hidden[:, :-1][sel]  # (N, H)
-    logits = model.get_output_embeddings()(h).float()  # (N, V)
-    temps = mb.temperature.to(device)[:, None].expand_as(sel)[sel]
+def target_logprobs(model: Any, group: PrefixGroup, device: torch.device) -> torch.Tensor:
+    """log π(token) for every continuation position of a prefix group; (G, O), zero off the mask.
+
+    The prefix runs once; its KV is expanded over the G continuations (gradients from
+    every continuation flow back into the shared prefix activations).
+    """
+    prefix = group.prefix.to(device)[None]  # (1, P)
+    cont = group.continuation.to(device)  # (G, O)
+    g = cont.shape[0]
+    cache = DynamicCache()
+    head = model.base_model(input_ids=prefix, cache=cache, use_cache=True).last_hidden_state[:, -1:]  # (1, 1, H)
+    shared = DynamicCache(
+        ddp_cache_data=[
+            (layer.keys.expand(g, -1, -1, -1), layer.values.expand(g, -1, -1, -1)) for layer in cache.layers
+        ]
+    )
+    body = model.base_model(input_ids=cont, cache=shared, use_cache=True).last_hidden_state  # (G, O, H)
+    hidden = torch.cat([head.expand(g, -1, -1), body[:, :-1]], dim=1)  # predicts cont[:, j] from position j-1
+    sel = group.loss_mask.to(device)
+    logits = model.get_output_embeddings()(hidden[sel]).float()  # (N, V)
+    temps = group.temperature.to(device)[:, None].expand_as(sel)[sel]
     logits = logits / temps[:, None]
-    targets = mb.targets.to(device)[sel]
+    targets = cont[sel]
     picked = logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     out = torch.zeros(sel.shape, dtype=torch.float32, device=device)
     return out.masked_scatter(sel, picked)
 
 
-def recompute_proximal(model: Any, batches: list[MicroBatch], device: torch.device) -> None:
-    """Store the current policy's logprobs on each microbatch before several updates."""
+def recompute_proximal(model: Any, groups: list[PrefixGroup], device: torch.device) -> None:
+    """Store the current policy's logprobs on each group before several updates."""
     model.eval()
     with torch.no_grad():
-        for mb in batches:
-            mb.prox_logprobs = target_logprobs(model, mb, device).cpu()
+        for group in groups:
+            group.prox_logprobs = target_logprobs(model, group, device).cpu()
 
 
 @dataclass
@@ -53,7 +67,7 @@ class StepResult:
     stats: dict[str, float]
 
 
-def normaliser_for(batches: list[MicroBatch], loss_agg: str) -> float:
+def normaliser_for(batches: list[PrefixGroup], loss_agg: str) -> float:
     if loss_agg == "token_sum_norm":  # Dr. GRPO: a constant, num_sequences × longest reply
         longest = max(int(mb.loss_mask.sum(-1).max()) for mb in batches)
         return float(sum(mb.loss_mask.shape[0] for mb in batches) * longest)
@@ -63,7 +77,7 @@ def normaliser_for(batches: list[MicroBatch], loss_agg: str) -> float:
 def train_step(
     model: Any,
     optimizer: torch.optim.Optimizer,
-    batches: list[MicroBatch],
+    batches: list[PrefixGroup],
     cfg: TrainerConfig,
     device: torch.device,
     version: int,
@@ -112,7 +126,7 @@ def train_step(
         )
         loss.backward()
         n = mb.num_tokens
-        total_loss += float(loss)
+        total_loss += float(loss.detach())
         tokens += n
         for key, value in stats.items():
             sums[key] = sums.get(key, 0.0) + float(value) * n

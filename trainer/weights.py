@@ -8,6 +8,7 @@ steps and bumps its version; only the newest two directories are kept.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -16,9 +17,36 @@ from typing import Any
 import httpx
 
 
+def write_weights(model: Any, target: Path) -> None:
+    """config.json + model.safetensors (tied weights stored once), as from_pretrained reads them."""
+    from safetensors.torch import save_file
+
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.config.save_pretrained(tmp)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    state = {
+        name: tensor.detach().contiguous()
+        for name, tensor in model.state_dict().items()
+        if not (tied and name == "lm_head.weight")
+    }
+    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+
+
+def default_weights_dir(run_dir: Path, local_engine: bool) -> Path:
+    """Shared memory when the engine is on this machine (a push is a memory copy), else the run dir."""
+    shm = Path("/dev/shm")
+    if local_engine and shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / "areal-proxy" / f"{run_dir.resolve().name}-{abs(hash(str(run_dir.resolve()))) % 10**8}"
+    return run_dir / "weights"
+
+
 class WeightSync:
-    def __init__(self, run_dir: Path, proxy_url: str, admin_key: str = "", timeout_s: float = 600.0) -> None:
-        self.root = run_dir / "weights"
+    def __init__(self, root: Path, proxy_url: str, admin_key: str = "", timeout_s: float = 600.0) -> None:
+        self.root = root
         self.proxy_url = proxy_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
         self.timeout_s = timeout_s
@@ -33,7 +61,7 @@ class WeightSync:
         started = time.perf_counter()
         self.root.mkdir(parents=True, exist_ok=True)
         target = self.root / f"v{version:07d}"
-        model.save_pretrained(target, safe_serialization=True)
+        write_weights(model, target)
         for attempt in range(5):
             try:
                 r = httpx.post(

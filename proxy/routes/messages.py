@@ -77,7 +77,7 @@ def _tool_result_text(block: dict[str, Any], p: str) -> str:
     return "\n".join(texts)
 
 
-def _user_messages(blocks: list[dict[str, Any]], p: str) -> list[dict[str, Any]]:
+def _user_messages(blocks: list[dict[str, Any]], p: str, tool_use_ids: set[str]) -> list[dict[str, Any]]:
     """Tool results become tool messages; runs of text blocks become user messages, in order."""
     out: list[dict[str, Any]] = []
     texts: list[str] = []
@@ -90,8 +90,11 @@ def _user_messages(blocks: list[dict[str, Any]], p: str) -> list[dict[str, Any]]
                 out.append({"role": "user", "content": "\n".join(texts)})
                 texts = []
             call_id = block.get("tool_use_id")
-            if not isinstance(call_id, str) or not call_id:
-                raise invalid_request(f"{q}.tool_use_id is required", f"{q}.tool_use_id")
+            if not isinstance(call_id, str) or call_id not in tool_use_ids:
+                raise invalid_request(
+                    f"{q}.tool_use_id {call_id!r} does not match a tool_use block of an earlier assistant turn",
+                    f"{q}.tool_use_id",
+                )
             out.append({"role": "tool", "tool_call_id": call_id, "content": _tool_result_text(block, q)})
         else:
             raise invalid_request(f"{q}.type {block['type']!r} is not supported in user turns", f"{q}.type")
@@ -139,15 +142,17 @@ def to_chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise invalid_request("messages must be a non-empty array", "messages")
+    tool_use_ids: set[str] = set()
     for i, msg in enumerate(raw):
         p = f"messages[{i}]"
         if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
             raise invalid_request(f"{p}.role must be 'user' or 'assistant'", f"{p}.role")
         blocks = _blocks(msg.get("content"), f"{p}.content")
         if msg["role"] == "user":
-            out += _user_messages(blocks, f"{p}.content")
+            out += _user_messages(blocks, f"{p}.content", tool_use_ids)
         else:
             out.append(_assistant_message(blocks, f"{p}.content"))
+            tool_use_ids.update(call["id"] for call in out[-1].get("tool_calls", []))
     return out
 
 

@@ -37,8 +37,11 @@ _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 # -- request: items → chat messages ---------------------------------------------------
-def input_messages(raw: Any) -> list[dict[str, Any]]:
-    """Responses input (a string or items) as chat messages, assistant output items merged per turn."""
+def input_messages(raw: Any, call_ids: set[str]) -> list[dict[str, Any]]:
+    """Responses input (a string or items) as chat messages, assistant output items merged per turn.
+
+    `call_ids` holds the call ids of earlier turns (previous_response_id); new ones are added.
+    """
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
     if not isinstance(raw, list):
@@ -62,6 +65,7 @@ def input_messages(raw: Any) -> list[dict[str, Any]]:
             turn_open = role == "assistant"
         elif kind == "function_call":
             call = _function_call(item, p)
+            call_ids.add(call["id"])
             if turn_open:
                 messages[-1].setdefault("tool_calls", []).append(call)
             else:
@@ -72,8 +76,8 @@ def input_messages(raw: Any) -> list[dict[str, Any]]:
                 turn_open = True
         elif kind == "function_call_output":
             call_id = item.get("call_id")
-            if not isinstance(call_id, str) or not call_id:
-                raise invalid_request(f"{p}.call_id is required", f"{p}.call_id")
+            if not isinstance(call_id, str) or call_id not in call_ids:
+                raise invalid_request(f"{p}.call_id {call_id!r} matches no earlier function_call", f"{p}.call_id")
             output = item.get("output")
             text = output if isinstance(output, str) else content_text(output, f"{p}.output")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
@@ -160,7 +164,8 @@ def parse_responses_request(body: Any, history: list[dict[str, Any]] | None) -> 
         else:
             messages.insert(0, system)
     if body.get("input") is not None:
-        messages += input_messages(body["input"])
+        known = {c["id"] for m in messages for c in m.get("tool_calls") or ()}
+        messages += input_messages(body["input"], known)
     if not messages:
         raise invalid_request("input must contain at least one item", "input")
     tools, tool_choice, _ = parse_tools_and_choice(body)

@@ -13,13 +13,14 @@ file (a lock file refuses a second one; use PostgreSQL for several replicas).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -52,12 +53,19 @@ def create_db_engine(cfg: StoreConfig) -> SAEngine:
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001
+            dbapi_conn.isolation_level = None  # transactions are begun explicitly below
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=FULL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Connection) -> None:
+            # Writers take the write lock up front: a deferred transaction that reads, then
+            # writes after another process committed, fails instead of waiting its turn.
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.info.get("write") else "BEGIN")
 
         return engine
     if url.get_backend_name() == "postgresql" and url.drivername == "postgresql":
@@ -112,9 +120,18 @@ class Database:
         return await asyncio.to_thread(self.read, fn)
 
     def transaction(self, fn: Callable[[Connection], T]) -> T:
-        """Run `fn` in its own transaction on the calling thread (CLI tools, trainer)."""
-        with self.engine.begin() as conn:
+        """Run `fn` in its own write transaction on the calling thread (CLI tools, trainer)."""
+        with self._write_connection() as conn, conn.begin():
             return fn(conn)
+
+    @contextlib.contextmanager
+    def _write_connection(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            conn.info["write"] = True
+            try:
+                yield conn
+            finally:
+                conn.info.pop("write", None)
 
     # -- writes -----------------------------------------------------------------------
     def start_writer(self) -> None:
@@ -156,7 +173,7 @@ class Database:
 
     def _commit(self, batch: list[tuple[WriteOp, asyncio.AbstractEventLoop, asyncio.Future]]) -> None:
         try:
-            with self.engine.begin() as conn:
+            with self._write_connection() as conn, conn.begin():
                 results = [op(conn) for op, _, _ in batch]
             outcomes: list[tuple[Any, BaseException | None]] = [(r, None) for r in results]
         except Exception:
@@ -172,7 +189,7 @@ class Database:
     def _run_alone(self, op: WriteOp) -> tuple[Any, BaseException | None]:
         for attempt in range(3):
             try:
-                with self.engine.begin() as conn:
+                with self._write_connection() as conn, conn.begin():
                     return op(conn), None
             except Exception as exc:  # recorded per operation; transient locks retried
                 if attempt == 2 or not _is_transient(exc):

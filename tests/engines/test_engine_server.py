@@ -10,6 +10,8 @@ import httpx
 import pytest
 import torch
 
+from proxy.engines.server import parse_sampling
+
 # the chat template around "Tell me about the sea."
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2,
           198, 1, 4093, 198, 31530, 549, 563, 260, 3426, 30, 2, 198, 1, 520, 9531, 198]  # fmt: skip
@@ -17,7 +19,7 @@ PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 3451
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, engine_runner) -> Iterator:
-    with engine_runner(tmp_path_factory.mktemp("engine-server"), threads=2) as process:
+    with engine_runner(tmp_path_factory.mktemp("engine-server")) as process:
         yield process
 
 
@@ -75,27 +77,36 @@ def test_stream_chunks_are_cumulative_and_end_with_done(engine):
 
 
 def test_stop_token_stays_in_output_ids_and_leaves_the_text(engine):
-    free = generate(engine, max_new_tokens=12, sampling={"ignore_eos": True})["output_ids"]
+    free = generate(engine, max_new_tokens=6, sampling={"ignore_eos": True})["output_ids"]
     k = next(i for i in range(1, len(free)) if free[i] not in free[:i])
-    out = generate(engine, max_new_tokens=12, sampling={"stop_token_ids": [free[k]]})
+    out = generate(engine, max_new_tokens=6, sampling={"stop_token_ids": [free[k]]})
     assert out["output_ids"] == free[: k + 1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": free[k]}
-    kept = generate(engine, max_new_tokens=12, sampling={"stop_token_ids": [free[k]], "no_stop_trim": True})
+    kept = generate(engine, max_new_tokens=6, sampling={"stop_token_ids": [free[k]], "no_stop_trim": True})
     assert kept["text"].startswith(out["text"]) and len(kept["text"]) > len(out["text"])
 
 
 def test_stop_string_is_matched_by_text(engine):
-    out = generate(engine, max_new_tokens=40, sampling={"stop": [" "], "ignore_eos": True})
+    out = generate(engine, max_new_tokens=16, sampling={"stop": [" "], "ignore_eos": True})
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": " "}
     assert " " not in out["text"]
-    assert 1 <= len(out["output_ids"]) < 40
+    assert 1 <= len(out["output_ids"]) < 16
 
 
-def test_length_finish_and_default_of_128_tokens(engine):
-    body = {"input_ids": PROMPT, "sampling_params": {"ignore_eos": True, "temperature": 0}}
+def test_length_finish_without_logprobs(engine):
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
     out = engine.post("/generate", json=body).json()
-    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 128}
-    assert len(out["output_ids"]) == 128 and "output_token_logprobs" not in out["meta_info"]
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+    assert len(out["output_ids"]) == 3 and "output_token_logprobs" not in out["meta_info"]
+
+
+def test_sampling_params_follow_sglang_defaults():
+    params, text = parse_sampling({}, prompt_len=10, max_context=8192, top_logprobs=0)
+    assert params.max_new_tokens == 128 and params.temperature == 1.0 and params.top_k == 0 and params.top_p == 1.0
+    assert text == {"skip_special_tokens": True, "no_stop_trim": False}
+    params, _ = parse_sampling({"max_new_tokens": None, "top_k": 5, "stop": "x"}, 10, 8192, 2)
+    assert params.max_new_tokens == 8182 and params.top_k == 5 and params.stop == ("x",) and params.top_logprobs == 2
+    assert parse_sampling({"temperature": 0}, 10, 8192, 0)[0].greedy
 
 
 def test_errors_use_sglangs_shape(engine):
@@ -151,58 +162,61 @@ async def _stream_tokens(client: httpx.AsyncClient, url: str, body: dict, progre
 def test_pause_holds_requests_and_continue_finishes_them(engine):
     body = {
         "input_ids": PROMPT,
-        "sampling_params": {"max_new_tokens": 24, "ignore_eos": True, "temperature": 1.0},
+        "sampling_params": {"max_new_tokens": 12, "ignore_eos": True, "temperature": 1.0},
         "return_logprob": True,
     }
 
     async def main():
-        progress = [0] * 5
+        progress = [0] * 4
         async with httpx.AsyncClient(timeout=120) as client:
-            running = [asyncio.create_task(_stream_tokens(client, engine.url, body, progress, i)) for i in range(4)]
-            while min(progress[:4]) < 3:
+            running = [asyncio.create_task(_stream_tokens(client, engine.url, body, progress, i)) for i in range(3)]
+            while min(progress[:3]) < 3:
                 await asyncio.sleep(0.02)
             r = await client.post(engine.url + "/pause_generation", json={"mode": "retract"})
             assert r.json()["status"] == "ok"
             held, steps = list(progress), (await client.get(engine.url + "/health")).json()["steps"]
-            late = asyncio.create_task(_stream_tokens(client, engine.url, body, progress, 4))
-            await asyncio.sleep(1.5)
+            late = asyncio.create_task(_stream_tokens(client, engine.url, body, progress, 3))
+            await asyncio.sleep(1.0)
             health = (await client.get(engine.url + "/health")).json()
             assert health["paused"] and health["steps"] == steps, "no decode step while paused"
-            assert progress[:4] == held[:4] and progress[4] == 0, "nothing generated while paused"
-            assert health["running"] + health["waiting"] == 5
+            assert progress[:3] == held[:3] and progress[3] == 0, "nothing generated while paused"
+            assert health["running"] + health["waiting"] == 4
             await client.post(engine.url + "/continue_generation", json={})
             return await asyncio.gather(*running, late)
 
     results = asyncio.run(main())
     for out in results:
-        assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 24}
-        assert len(out["meta_info"]["output_token_logprobs"]) == 24
+        assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+        assert len(out["meta_info"]["output_token_logprobs"]) == 12
 
 
 def test_update_weights_from_disk_mid_stream(engine, perturbed_weights, original_weights):
     body = {
         "input_ids": PROMPT,
-        "sampling_params": {"max_new_tokens": 32, "ignore_eos": True, "temperature": 0},
+        "sampling_params": {"max_new_tokens": 16, "ignore_eos": True, "temperature": 0},
         "return_logprob": True,
     }
     before = generate(engine, max_new_tokens=4)["meta_info"]["output_token_logprobs"]
 
     async def main():
-        progress = [0] * 3
+        progress = [0] * 2
         async with httpx.AsyncClient(timeout=120) as client:
-            running = [asyncio.create_task(_stream_tokens(client, engine.url, body, progress, i)) for i in range(3)]
-            while min(progress) < 4:
+            running = [asyncio.create_task(_stream_tokens(client, engine.url, body, progress, i)) for i in range(2)]
+            while min(progress) < 3:
                 await asyncio.sleep(0.02)
+            # SGLang's RL sequence; pausing also pins the switch inside the streams
+            await client.post(engine.url + "/pause_generation", json={"mode": "in_place"})
             update = {"model_path": str(perturbed_weights), "weight_version": "1"}
             r = await client.post(engine.url + "/update_weights_from_disk", json=update)
             assert r.status_code == 200 and r.json()["success"] is True, r.text
-            assert "num_paused_requests" in r.json()
+            assert r.json()["num_paused_requests"] == 2
+            await client.post(engine.url + "/continue_generation", json={})
             return await asyncio.gather(*running)
 
     for out in asyncio.run(main()):
         spans = out["meta_info"]["weight_versions"]
         assert [s["version"] for s in spans] == ["0", "1"], spans
-        assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 32
+        assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 16
         assert out["meta_info"]["weight_version"] == "1"
     assert engine.get("/model_info").json()["weight_version"] == "1"
     after = generate(engine, max_new_tokens=4)

@@ -31,13 +31,13 @@ def raises(session: SessionView) -> float:
 
 @reward("test_too_slow")
 def too_slow(session: SessionView) -> float:
-    time.sleep(4)
+    time.sleep(6)
     return 1.0
 
 
 @reward("test_too_slow_async")
 async def too_slow_async(session: SessionView) -> float:
-    await asyncio.sleep(4)
+    await asyncio.sleep(6)
     return 1.0
 
 
@@ -73,18 +73,6 @@ async def per_turn(session: SessionView) -> dict:
     await asyncio.sleep(0.01)
     return {c.id: float(k + 1) for k, c in enumerate(session.completions)}
 '''
-
-REWARD_NAMES = [
-    "test_bool",
-    "test_nan",
-    "test_per_turn",
-    "test_raises",
-    "test_stranger",
-    "test_string",
-    "test_stuck",
-    "test_too_slow",
-    "test_too_slow_async",
-]
 
 
 @pytest.fixture(scope="session")

@@ -107,12 +107,12 @@ def _continue(client: openai.OpenAI, history: list[dict], reply: str, question: 
 
 
 def test_server_stores_tree_returns_of_posted_rewards(rewards_proxy):
-    """Tree (n=2 twice):          A0            A1        (the two choices of turn 1 are two roots)
-                                 /  \\            |
-                               B0    B1          C
-                               |
-                               D
-    """
+    # The tree, from n=2 at turn 1 (two roots) and n=2 again on A0:
+    #         A0          A1
+    #        /  \          |
+    #      B0    B1        C
+    #      |
+    #      D
     proxy = rewards_proxy
     session = proxy.new_session(task_id="returns-tree")
     sid = session["session_id"]
@@ -151,8 +151,9 @@ def test_server_stores_tree_returns_of_posted_rewards(rewards_proxy):
     stored = {n["id"]: n for n in proxy.session(sid)["completions"]}
     raw = {name: stored[cid]["reward"] for name, cid in ids.items()}
     got = {name: stored[cid]["return"] for name, cid in ids.items()}
-    # raw: D = 0.25 posted + 1.0 from finish (added to the last completion) = 1.25; B1 = 0.5; C = 1
-    assert raw == pytest.approx({"A0": 0.0, "A1": 0.0, "B0": 0.0, "B1": 0.5, "C": 1.0, "D": 1.25})
+    # raw: D = 0.25 posted + 1.0 from finish (added to the last completion) = 1.25; B1 = 0.5; C = 1;
+    # the unrewarded turns stay None (r = 0 in the returns)
+    assert raw == {"A0": None, "A1": None, "B0": None, "B1": 0.5, "C": 1.0, "D": pytest.approx(1.25)}
     # G(D)  = 1.25                    G(B1) = 0.5      G(C) = 1
     # G(B0) = 0 + 0.9 · 1.25          = 1.125
     # G(A0) = 0 + 0.9 · (1.125 + 0.5) / 2 = 0.9 · 0.8125 = 0.73125

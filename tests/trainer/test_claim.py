@@ -1,0 +1,115 @@
+"""Claiming sessions: complete groups only, stale ones dropped and counted, exactly once —
+also with two trainers racing on PostgreSQL, and after a resume from an earlier checkpoint."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from proxy.config import StoreConfig
+from proxy.store.db import Database
+from proxy.store.schema import sessions
+from tests.conftest import fresh_pg_database
+from trainer.claim import DROPPED_STALE, claim_batch, release_after, trained_count
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path):
+    if request.param == "sqlite":
+        database = Database(StoreConfig(url=f"sqlite:///{tmp_path}/claim.db"))
+        yield database
+        database.close()
+    else:
+        with fresh_pg_database() as url:
+            database = Database(StoreConfig(url=url))
+            yield database
+            database.close()
+
+
+def add_sessions(db: Database, group: str, statuses: list[str], min_version: int = 0) -> list[str]:
+    now = time.time()
+    rows = []
+    for i, status in enumerate(statuses):
+        sid = f"s-{group}-{i}-{time.monotonic_ns()}"
+        rows.append(
+            {
+                "id": sid,
+                "group_id": group,
+                "task_id": group,
+                "metadata": {},
+                "status": status,
+                "auto": False,
+                "num_completions": 1,
+                "min_version": min_version,
+                "max_version": min_version,
+                "created_at": now,
+                "updated_at": now,
+                "finished_at": now + len(rows) * 1e-3,
+                "reward": 1.0,
+            }
+        )
+    db.transaction(lambda c: c.execute(sessions.insert(), rows))
+    return [r["id"] for r in rows]
+
+
+def claim(db: Database, step: int, batch: int, version: int = 0, staleness: int = 1):
+    return db.transaction(
+        lambda c: claim_batch(c, step=step, batch_size=batch, current_version=version, max_staleness=staleness)
+    )
+
+
+def test_only_complete_groups_are_claimed(db):
+    a = add_sessions(db, "a", ["finished"] * 4)
+    add_sessions(db, "b", ["finished", "finished", "open", "finished"])
+    c = add_sessions(db, "c", ["finished", "failed", "finished", "finished"])
+    got = claim(db, step=1, batch=6)
+    assert set(got.session_ids) == set(a) | {c[0], c[2], c[3]}, "group b still has an open session"
+    assert claim(db, step=2, batch=1).session_ids == [], "nothing claimable twice"
+
+
+def test_too_few_sessions_claims_nothing(db):
+    add_sessions(db, "a", ["finished"] * 4)
+    assert claim(db, step=1, batch=8).session_ids == []
+    assert len(claim(db, step=1, batch=4).session_ids) == 4
+
+
+def test_stale_sessions_are_dropped_and_counted(db):
+    old = add_sessions(db, "old", ["finished"] * 4, min_version=2)
+    fresh = add_sessions(db, "new", ["finished"] * 4, min_version=5)
+    got = claim(db, step=1, batch=4, version=6, staleness=1)
+    assert sorted(got.dropped_stale) == sorted(old)
+    assert sorted(got.session_ids) == sorted(fresh)
+    counts = db.read(trained_count)
+    assert counts["dropped_stale"] == 4 and counts["trained"] == 4
+    rows = db.read(lambda c: c.execute(sessions.select().where(sessions.c.id.in_(old))).all())
+    assert all(r.consumed_step == DROPPED_STALE and r.failure.startswith("dropped") for r in rows)
+
+
+def test_resume_hands_back_sessions_trained_after_the_checkpoint(db):
+    ids = [add_sessions(db, f"g{i}", ["finished"] * 2) for i in range(4)]
+    for step in (1, 2, 3, 4):
+        assert len(claim(db, step=step, batch=2).session_ids) == 2
+    assert db.transaction(lambda c: release_after(c, 2)) == 4
+    again = {sid for step in (3, 4) for sid in claim(db, step=step, batch=2).session_ids}
+    assert again == set(ids[2]) | set(ids[3])
+
+
+def test_two_trainers_never_claim_the_same_session(db):
+    for i in range(40):
+        add_sessions(db, f"g{i}", ["finished"] * 2)
+    taken: list[list[str]] = [[], []]
+
+    def trainer(k: int) -> None:
+        for step in range(1, 30):
+            got = claim(db, step=step, batch=2)
+            taken[k].extend(got.session_ids)
+
+    threads = [threading.Thread(target=trainer, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not set(taken[0]) & set(taken[1])
+    assert len(taken[0]) + len(taken[1]) == 80

@@ -1,0 +1,112 @@
+"""`areal-proxy train` end to end: a smoke run exits 0; a trainer SIGKILLed mid-run resumes
+from its last checkpoint when the same command runs again, and no session is trained twice
+or lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import create_engine, select
+
+from proxy.store.schema import sessions
+from tests.conftest import REPO
+
+
+def write_config(tmp: Path, **trainer) -> Path:
+    run_dir = tmp / "run"
+    settings = {"checkpoint_every": 2, **trainer}
+    trainer_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
+    path = tmp / "config.toml"
+    path.write_text(
+        f"""
+[proxy]
+port = 0
+[store]
+url = "sqlite:///{run_dir}/areal.db"
+[rollout]
+dataset = "{REPO}/examples/arithmetic/agent.py:tasks"
+agent = "{REPO}/examples/arithmetic/agent.py:run"
+reward_fn = "math_exact"
+group_size = 4
+concurrency = 16
+[trainer]
+batch_size = 8
+max_staleness = 1
+run_dir = "{run_dir}"
+{trainer_lines}
+"""
+    )
+    return path
+
+
+def train(config: Path, *overrides: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "proxy.cli", "train", str(config)]
+    for o in overrides:
+        args += ["--set", o]
+    return subprocess.Popen(args, cwd=config.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def steps_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return max((json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line), default=0)
+
+
+def effective_history(run_dir: Path) -> list[str]:
+    """Sessions the final model was trained on: steps undone by a resume are dropped."""
+    kept: list[tuple[int, list[str]]] = []
+    for line in (run_dir / "trained_sessions.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if "resume_from" in entry:
+            kept = [(s, ids) for s, ids in kept if s <= entry["resume_from"]]
+        else:
+            kept.append((entry["step"], entry["trained"]))
+    return [sid for _, ids in kept for sid in ids]
+
+
+def test_smoke_run_exits_zero(tmp_path):
+    config = write_config(tmp_path)
+    proc = train(config, "trainer.max_steps=2")
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    assert steps_done(tmp_path / "run") == 2
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_sigkill_mid_run_then_resume(tmp_path):
+    config = write_config(tmp_path)
+    run_dir = tmp_path / "run"
+    first = train(config, "trainer.max_steps=6")
+    deadline = time.time() + 900
+    while steps_done(run_dir) < 3 and time.time() < deadline and first.poll() is None:
+        time.sleep(0.5)
+    assert steps_done(run_dir) >= 3, first.communicate()[0][-3000:] if first.poll() is not None else "too slow"
+    os.kill(int((run_dir / "trainer.pid").read_text()), signal.SIGKILL)
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode != 0
+    second = train(config, "trainer.max_steps=6")
+    out, _ = second.communicate(timeout=900)
+    assert second.returncode == 0, out[-3000:]
+    assert "resume_from" in (run_dir / "trained_sessions.jsonl").read_text()
+
+    history = effective_history(run_dir)
+    assert len(history) == len(set(history)), "a session was trained twice"
+    engine = create_engine(f"sqlite:///{run_dir}/areal.db")
+    with engine.connect() as conn:
+        rows = conn.execute(select(sessions.c.id, sessions.c.status, sessions.c.consumed_step)).all()
+    trained = {r.id for r in rows if r.status == "consumed" and (r.consumed_step or 0) >= 1}
+    assert trained == set(history), "the store and the trainer agree on what was trained"
+    finished_ever = {r.id for r in rows if r.status in ("finished", "consumed")}
+    dropped = {r.id for r in rows if r.status == "consumed" and r.consumed_step == -1}
+    skipped = {r.id for r in rows if r.status == "consumed" and r.consumed_step == -2}
+    waiting = {r.id for r in rows if r.status == "finished"}
+    assert trained | dropped | skipped | waiting == finished_ever
+    assert len(trained) + len(dropped) + len(skipped) + len(waiting) == len(finished_ever)
+    assert not [r for r in rows if r.status == "open"], "the run closed its sessions"

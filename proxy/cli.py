@@ -124,9 +124,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_rewards(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from rewards.registry import REWARDS, load_modules
+    from rewards.registry import REWARDS, DuplicateRewardError, load_modules
 
-    load_modules(cfg.rewards.modules)
+    try:
+        load_modules(cfg.rewards.modules)
+    except (DuplicateRewardError, ImportError, FileNotFoundError) as exc:
+        print(f"areal-proxy: cannot load reward modules: {exc}", file=sys.stderr)
+        return 2
     from rich.console import Console
     from rich.table import Table
 

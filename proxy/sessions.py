@@ -228,7 +228,9 @@ def expire_open_sessions(conn: Connection, timeout_s: float, now: float) -> list
         conn.execute(
             update(sessions)
             .where(sessions.c.id.in_(ids), sessions.c.status == "open")
-            .values(status="failed", failure=f"timed out: no activity for {timeout_s:.0f}s", finished_at=now)
+            .values(
+                status="failed", failure=f"timed out: no activity for {timeout_s:.0f}s", finished_at=now, updated_at=now
+            )
         )
     return ids
 

@@ -13,6 +13,7 @@ import random
 from openai import AsyncOpenAI
 
 EVAL_SIZE = 200
+MAX_TOKENS = 24
 
 
 def _all_problems() -> list[tuple[int, str, int]]:
@@ -34,14 +35,15 @@ def tasks(split: str = "train", seed: int = 0) -> list[dict]:
     return out
 
 
+def messages_for(task: dict) -> list[dict]:
+    return [{"role": "user", "content": task["question"]}]
+
+
 async def run(task: dict, base_url: str, api_key: str) -> None:
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=2)
     try:
         await client.chat.completions.create(
-            model="smollm2",
-            messages=[{"role": "user", "content": task["question"]}],
-            max_tokens=24,
-            temperature=1.0,
+            model="smollm2", messages=messages_for(task), max_tokens=MAX_TOKENS, temperature=1.0
         )
     finally:
         await client.close()

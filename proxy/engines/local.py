@@ -304,12 +304,8 @@ class LocalEngine:
                 update.loop.call_soon_threadsafe(_resolve, update.done, None)
                 continue
             try:
-                missing, unexpected = self.model.load_state_dict(update.state, strict=False)
-                missing = [m for m in missing if not m.endswith("lm_head.weight")]
-                if missing or unexpected:
-                    raise ValueError(
-                        f"weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
-                    )
+                _check_fits(self.model.state_dict(), update.state)  # before loading: no half-applied update
+                self.model.load_state_dict(update.state, strict=False)
                 self._version = update.version
                 result: BaseException | None = None
             except Exception as exc:  # report to the caller; the old weights stay in place
@@ -442,6 +438,18 @@ class LocalEngine:
         if len(req.input_ids) + len(req.generated) >= self.info.max_context:
             return "length", None
         return None, None
+
+
+def _check_fits(model: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+    """Raise ValueError unless `state` has every tensor of the model (a tied lm_head aside) in its shape."""
+    missing = [k for k in model if k not in state and not k.endswith("lm_head.weight")]
+    unexpected = [k for k in state if k not in model]
+    reshaped = [k for k in state if k in model and state[k].shape != model[k].shape]
+    if missing or unexpected or reshaped:
+        raise ValueError(
+            f"weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}, "
+            f"wrong shape {reshaped[:3]}"
+        )
 
 
 _PREFILL_TOKENS = 4096  # padded tokens per prefill forward

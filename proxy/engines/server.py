@@ -165,19 +165,13 @@ class EngineServer:
         return self.labels.get(version, str(version))
 
     def to_version(self, label: Any) -> int:
-        """The engine version for a wire label; a new non-numeric label gets the next integer."""
+        """The engine version for a wire label: the label itself if int-like, else the next integer."""
         if label is None:
             return self.engine.version
-        text = str(label)
         try:
-            return int(text)
+            return int(str(label))
         except ValueError:
-            known = [v for v, name in self.labels.items() if name == text]
-            if known:
-                return known[-1]
-            version = self.engine.version + 1
-            self.labels[version] = text
-            return version
+            return self.engine.version + 1
 
     # -- /generate ----------------------------------------------------------------
     def parse_generate(self, body: Any) -> tuple[list[Job], bool]:
@@ -341,8 +335,10 @@ class EngineServer:
             try:
                 await self.engine.update_weights(body["model_path"], version)
             except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
-                message = f"Failed to update weights: {exc}. Rolled back to the previous weights."
+                message = f"Failed to update weights: {exc}. The previous weights stay loaded."
                 return {"success": False, "message": message, "num_paused_requests": held}, 400
+            if body.get("weight_version") is not None:
+                self.labels[version] = str(body["weight_version"])
         log.info("weights from %s loaded as version %s", body["model_path"], self.label(version))
         message = "Succeeded to update model weights."
         return {"success": True, "message": message, "num_paused_requests": held}, 200

@@ -62,6 +62,7 @@ async def chat_completions(request: Request, session_id: str | None = None) -> R
     state = state_of(request)
     started = time.perf_counter()
     body = await json_body(request)
+    state.require_ready()
     chat = parse_chat_request(body, state.cfg.proxy.max_n)
     turn = await state.completions.prepare(caller_of(request, session_id), chat, "chat", "chatcmpl-")
     model = chat.model or served_model(state)

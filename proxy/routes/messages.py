@@ -273,6 +273,7 @@ async def create_message(request: Request, session_id: str | None = None) -> Res
 
 async def _create(request: Request, session_id: str | None) -> Response:
     state = state_of(request)
+    state.require_ready()
     started = time.perf_counter()
     chat = parse_messages_request(await json_body(request))
     turn = await state.completions.prepare(caller_of(request, session_id), chat, "messages", "msg_")

@@ -318,6 +318,7 @@ def _logprobs(state: Any, turn: Turn, result: ChoiceResult) -> list[dict]:
 @router.post("/sessions/{session_id}/v1/responses")
 async def create_response(request: Request, session_id: str | None = None) -> Response:
     state = state_of(request)
+    state.require_ready()
     started = time.perf_counter()
     body = await json_body(request)
     caller = caller_of(request, session_id)

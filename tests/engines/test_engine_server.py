@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from proxy.engines.server import parse_sampling
 
@@ -190,7 +191,7 @@ def test_pause_holds_requests_and_continue_finishes_them(engine):
         assert len(out["meta_info"]["output_token_logprobs"]) == 12
 
 
-def test_update_weights_from_disk_mid_stream(engine, perturbed_weights, original_weights):
+def test_update_weights_from_disk_mid_stream(engine, perturbed_weights, original_weights, tmp_path):
     body = {
         "input_ids": PROMPT,
         "sampling_params": {"max_new_tokens": 16, "ignore_eos": True, "temperature": 0},
@@ -225,7 +226,16 @@ def test_update_weights_from_disk_mid_stream(engine, perturbed_weights, original
 
     bad = engine.post("/update_weights_from_disk", json={"model_path": "/nonexistent", "weight_version": "9"})
     assert bad.status_code == 400 and bad.json()["success"] is False
+    # weights that do not fit the model are refused whole: nothing of them is loaded
+    state = load_file(str(original_weights / "model.safetensors"))
+    save_file({**state, "model.extra.weight": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    bad = engine.post("/update_weights_from_disk", json={"model_path": str(tmp_path), "weight_version": "9"})
+    assert bad.status_code == 400 and "unexpected" in bad.json()["message"]
     assert engine.get("/model_info").json()["weight_version"] == "1"
+    assert (
+        generate(engine, max_new_tokens=4)["meta_info"]["output_token_logprobs"]
+        == after["meta_info"]["output_token_logprobs"]
+    )
     # a non-numeric label, then back to the original weights
     r = engine.post("/update_weights_from_disk", json={"model_path": str(original_weights), "weight_version": "step-2"})
     assert r.json()["success"] is True

@@ -94,7 +94,7 @@ def test_named_tool_choice_returns_a_function_call(proxy):
         input="What's the weather in Paris?",
         tools=[WEATHER],
         tool_choice=NAMED,
-        max_output_tokens=40,
+        max_output_tokens=24,
         temperature=0,
     )
     [call] = r.output
@@ -115,7 +115,7 @@ def test_streamed_function_call_events(proxy):
         input="What's the weather in Rome?",
         tools=[WEATHER],
         tool_choice=NAMED,
-        max_output_tokens=40,
+        max_output_tokens=24,
         temperature=0,
         stream=True,
     )
@@ -140,7 +140,7 @@ def test_history_resent_as_items_continues_token_exactly(proxy):
     client = client_for(session)
     items: list = [{"role": "user", "content": "What's the weather in Paris?"}]
     common = {"model": "m", "instructions": INSTRUCTIONS, "tools": [WEATHER]}
-    first = client.responses.create(**common, input=items, tool_choice=NAMED, max_output_tokens=40, temperature=0)
+    first = client.responses.create(**common, input=items, tool_choice=NAMED, max_output_tokens=24, temperature=0)
     [call] = first.output
     assert call.type == "function_call", first.output
     items += [o.model_dump(exclude_none=True) for o in first.output]
@@ -197,7 +197,7 @@ def test_previous_response_id_continues_the_stored_conversation(proxy):
         input="What's the weather in Paris?",
         tools=[WEATHER],
         tool_choice=NAMED,
-        max_output_tokens=40,
+        max_output_tokens=24,
         temperature=0,
     )
     [call] = first.output
@@ -249,6 +249,15 @@ def test_unknown_fields_are_ignored(proxy):
     [node] = nodes_of(proxy, session).values()
     assert node["messages"][0] == {"role": "system", "content": "Be brief."}
     assert node["sampling"]["temperature"] == 0.7
+
+
+def test_output_text_logprobs_when_included(proxy):
+    r = client_for(proxy.new_session()).responses.create(
+        model="m", input="Say yes.", include=["message.output_text.logprobs"], top_logprobs=2, max_output_tokens=5
+    )
+    logprobs = r.output[0].content[0].logprobs
+    assert logprobs and all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in logprobs)
+    assert "".join(e.token for e in logprobs) == r.output_text
 
 
 def test_reasoning_items_are_kept_but_carry_no_tokens(proxy):

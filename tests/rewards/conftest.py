@@ -1,9 +1,11 @@
-"""A proxy that loads a user reward module of misbehaving rewards, with γ = 0.9.
+"""Dedicated proxies for the reward tests, beside the shared ones in tests/conftest.py.
 
-One SQLite server serves both the return checks (`--set rewards.discount=0.9`)
-and the failure checks (`--set rewards.timeout_s=1`), so the model loads once.
-The module is written to a temporary file and loaded with `--rewards PATH`, as a
-user would load their own.
+`rewards_proxy` loads a user reward module of misbehaving rewards (written to a
+temporary file and loaded with `--rewards PATH`, as a user would load their own)
+and serves both the return checks (`--set rewards.discount=0.9`) and the failure
+checks (`--set rewards.timeout_s=1`), so the model loads once for both.
+`expiring_proxy` closes sessions idle for 2 s; it is kept apart so that its
+sweeper never closes another test's session.
 """
 
 from __future__ import annotations
@@ -75,6 +77,11 @@ async def per_turn(session: SessionView) -> dict:
 '''
 
 
+# One torch thread: on a small machine shared with other servers, torch's default thread
+# count oversubscribes the cores and a short generation runs several times slower.
+ENGINE_ARGS = ["--set", "engine.threads=1"]
+
+
 @pytest.fixture(scope="session")
 def reward_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("reward-module") / "misbehaving_rewards.py"
@@ -86,5 +93,15 @@ def reward_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def rewards_proxy(tmp_path_factory: pytest.TempPathFactory, reward_module: Path) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("rewards-proxy")
     args = ["--rewards", str(reward_module), "--set", "rewards.discount=0.9", "--set", "rewards.timeout_s=1"]
+    args += ENGINE_ARGS
+    with run_server(tmp, f"sqlite:///{tmp}/areal.db", *args) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def expiring_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """Open sessions idle for 2 s are closed as failed (the sweeper runs every second)."""
+    tmp = tmp_path_factory.mktemp("expiring-proxy")
+    args = ["--set", "proxy.session_timeout_s=2", *ENGINE_ARGS]
     with run_server(tmp, f"sqlite:///{tmp}/areal.db", *args) as server:
         yield server

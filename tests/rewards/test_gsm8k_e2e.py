@@ -40,7 +40,7 @@ def episode(proxy, index: int, problem: dict) -> str:
     session = proxy.new_session(task_id=f"gsm8k-test-{index}", reward_fn="math_exact", reference=problem["reference"])
     client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
     messages = [SYSTEM, {"role": "user", "content": problem["question"]}]
-    for question, max_tokens in [(None, 32), ("Give only the final number.", 8)]:
+    for question, max_tokens in [(None, 24), ("Give only the final number.", 8)]:
         if question:
             messages.append({"role": "user", "content": question})
         r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, seed=index)

@@ -7,12 +7,9 @@ kept, and every misuse of `/finish` and `/reward` is a 4xx in OpenAI's error sha
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import openai
 import pytest
-
-from tests.conftest import Server, run_server
 
 
 def client_for(session: dict) -> openai.OpenAI:
@@ -36,14 +33,7 @@ def assert_error(r, status: int, param: str | None = None, text: str = "") -> No
     assert text in error["message"]
 
 
-# -- expiry (a dedicated server: a 2 s timeout would close other tests' sessions) ------------
-
-
-@pytest.fixture(scope="module")
-def expiring_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("expiring-proxy")
-    with run_server(tmp, f"sqlite:///{tmp}/areal.db", "--set", "proxy.session_timeout_s=2") as server:
-        yield server
+# -- expiry (on `expiring_proxy`: a 2 s timeout would close other tests' sessions) ------------
 
 
 def test_idle_session_expires_as_failed_with_its_completions(expiring_proxy):

@@ -166,7 +166,7 @@ def test_stop_sequence(proxy):
     r = client_for(proxy, session).messages.create(
         model="m",
         messages=[{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6"}],
-        max_tokens=16,
+        max_tokens=40,
         stop_sequences=[","],
         extra_body=GREEDY,
     )

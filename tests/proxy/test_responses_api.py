@@ -253,7 +253,12 @@ def test_unknown_fields_are_ignored(proxy):
 
 def test_output_text_logprobs_when_included(proxy):
     r = client_for(proxy.new_session()).responses.create(
-        model="m", input="Say yes.", include=["message.output_text.logprobs"], top_logprobs=2, max_output_tokens=5
+        model="m",
+        input="Say yes.",
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+        max_output_tokens=5,
+        temperature=0,
     )
     logprobs = r.output[0].content[0].logprobs
     assert logprobs and all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in logprobs)

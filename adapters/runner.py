@@ -225,6 +225,9 @@ class EpisodeRunner:
                 return r.json()
             if r.status_code == 409:  # already ended (e.g. timed out by the proxy)
                 return None
+            if r.status_code in (502, 503, 504):  # a proxy replica failed under it: ending again is safe
+                await asyncio.sleep(float(r.headers.get("retry-after", 1 + attempt)))
+                continue
             log.warning("%s %s: %s %s", action, session_id, r.status_code, r.text[:300])
             return None
         return None

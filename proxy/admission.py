@@ -5,20 +5,25 @@ by the trainer — open plus finished — reach `(max_staleness + 1) × batch_si
 Episodes already running continue; the episode runner backs off and retries.
 With `max_staleness = 0` this is synchronous on-policy training: a new batch is
 admitted only after the trainer consumed the previous one.
+
+The count and the inserts of the new sessions run in one transaction, and on
+PostgreSQL that transaction first takes an advisory lock, so the limit holds
+across every proxy replica writing the store (SQLite has one proxy process and
+serializes its writers).
 """
 
 from __future__ import annotations
 
-import asyncio
+from sqlalchemy import Connection, func, select, text
 
-from sqlalchemy import func, select
-
-from proxy.errors import too_many
+from proxy.errors import APIError, too_many
 from proxy.store.db import Database
 from proxy.store.schema import sessions
 
+_PG_LOCK_ID = 0x41444D54  # "ADMT": held by one replica's count + insert at a time
 
-def unconsumed_count(conn) -> int:  # noqa: ANN001 - a SQLAlchemy connection
+
+def unconsumed_count(conn: Connection) -> int:
     query = (
         select(func.count())
         .select_from(sessions)
@@ -31,18 +36,18 @@ class Admission:
     def __init__(self, db: Database, max_staleness: int, batch_size: int) -> None:
         self.db = db
         self.limit = (max_staleness + 1) * batch_size
-        self._lock = asyncio.Lock()
         self.refused = 0
 
-    async def admit(self, create, count: int = 1):  # noqa: ANN001, ANN201 - create: async () -> result
-        """Run `create()` for `count` sessions if there is room, else raise 429. Checks are serialized."""
-        async with self._lock:
-            ahead = await self.db.aread(unconsumed_count)
-            if ahead + count > self.limit and not (ahead == 0 and count > self.limit):
-                self.refused += 1
-                raise too_many(
-                    f"{ahead} sessions are waiting for the trainer (limit {self.limit} = "
-                    "(max_staleness + 1) × batch_size); retry after the next training step",
-                    retry_after=2,
-                )
-            return await create()
+    def check(self, conn: Connection, count: int) -> APIError | None:
+        """Inside the creating transaction: None to admit `count` sessions, else the 429 to answer."""
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _PG_LOCK_ID})
+        ahead = unconsumed_count(conn)
+        if ahead + count > self.limit and not (ahead == 0 and count > self.limit):
+            self.refused += 1
+            return too_many(
+                f"{ahead} sessions are waiting for the trainer (limit {self.limit} = "
+                "(max_staleness + 1) × batch_size); retry after the next training step",
+                retry_after=2,
+            )
+        return None

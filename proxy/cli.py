@@ -1,4 +1,4 @@
-"""The `areal-proxy` command: serve, train, engine, export, sessions, rewards.
+"""The `areal-proxy` command: serve, train, engine, front, export, sessions, rewards.
 
 Every subcommand takes `--config FILE` and repeatable `--set section.key=value`
 overrides; flags like `--port` are shortcuts for such overrides. Heavy imports
@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--port", type=int, default=30000, help="TCP port (default 30000)")
     engine.add_argument("--model", help="Hugging Face id or local path ([engine] model)")
     engine.add_argument("--device", choices=["cpu", "cuda", "npu"], help="device ([engine] device)")
+
+    front = sub.add_parser("front", help="one base URL over several proxy replicas (sticky, health-checked)")
+    _common(front)
+    front.add_argument("--host", help="interface to bind ([front] host)")
+    front.add_argument("--port", type=int, help="TCP port ([front] port)")
+    front.add_argument("--replicas", metavar="URL,URL", help="proxy replica base URLs ([front] replicas)")
 
     export = sub.add_parser("export", help="write finished sessions as training samples")
     _common(export)
@@ -172,6 +178,15 @@ def cmd_engine(args: argparse.Namespace) -> int:
     return serve_engine(cfg, args.host or "127.0.0.1", args.port)
 
 
+def cmd_front(args: argparse.Namespace) -> int:
+    replicas = [u.strip() for u in args.replicas.split(",") if u.strip()] if args.replicas else None
+    cfg = _config(args, **{"front.host": args.host, "front.port": args.port, "front.replicas": replicas})
+    _setup_logging(cfg.proxy.log_level)
+    from proxy.front import serve_front
+
+    return serve_front(cfg)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     path = args.config_file or args.config
     cfg = load_config(path, args.overrides, **{"store.url": args.db, "engine.device": args.device})
@@ -191,6 +206,7 @@ COMMANDS = {
     "serve": cmd_serve,
     "train": cmd_train,
     "engine": cmd_engine,
+    "front": cmd_front,
     "export": cmd_export,
     "sessions": cmd_sessions,
     "rewards": cmd_rewards,

@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import case
+from sqlalchemy import case, or_
 
 from proxy.chat_request import ChatRequest
 from proxy.conversation import extend_hash, parent_candidates, prefix_hashes
 from proxy.engines.base import Engine, EngineRequestError, EngineUnavailable, GenerationResult, SamplingParams
-from proxy.errors import APIError, context_length, engine_unavailable
+from proxy.errors import APIError, conflict, context_length, engine_unavailable
 from proxy.render import ParentTokens, Prompt, Renderer
 from proxy.reply import Reply, ReplyBuilder
 from proxy.sessions import Caller, SessionInfo, SessionService, auto_session_row, new_session_id
@@ -254,7 +254,11 @@ class CompletionService:
                 )
             )
         lo, hi = (min(versions), max(versions)) if versions else (None, None)
-        await self.db.write(lambda conn: _insert_turn(conn, turn, rows, now, lo, hi))
+        try:
+            await self.db.write(lambda conn: _insert_turn(conn, turn, rows, now, lo, hi))
+        except APIError:
+            self.sessions.forget(turn.session_id)  # closed elsewhere (another replica): the cache was stale
+            raise
         for chain_hash, node in nodes:
             self.nodes.put(chain_hash, node)
 
@@ -271,7 +275,11 @@ def _insert_turn(conn: Any, turn: Turn, rows: list[dict], now: float, lo: int | 
         values["max_version"] = case(
             (sessions.c.max_version.is_(None), hi), (sessions.c.max_version < hi, hi), else_=sessions.c.max_version
         )
-    conn.execute(sessions.update().where(sessions.c.id == turn.session_id).values(**values))
+    # A named session takes completions only while open, whichever replica closed it meanwhile.
+    still_open = or_(sessions.c.status == "open", sessions.c.auto.is_(True))
+    done = conn.execute(sessions.update().where(sessions.c.id == turn.session_id, still_open).values(**values))
+    if done.rowcount == 0:
+        raise conflict(f"session {turn.session_id} was closed while this call ran; its answer is not recorded")
 
 
 __all__ = ["APIError", "ChoiceDelta", "ChoiceResult", "CompletionService", "Turn"]

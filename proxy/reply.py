@@ -41,7 +41,12 @@ class Reply:
 
 
 def parse_tool_calls(text: str, tool_names: set[str] | None) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split `text` into (content, tool_calls); ([text], []) when no valid calls."""
+    """Split `text` into (content, tool_calls); (text, []) when there is no valid call.
+
+    Each `<tool_call>` must hold one complete JSON object naming an offered tool; what
+    follows the object up to the next block — the closing tag, or text the model ran on
+    with (a missing or cut-off `</tool_call>`) — is dropped, as engines' parsers drop it.
+    """
     start = text.find(TOOL_CALL_OPEN)
     if start < 0 or not tool_names:
         return text, []
@@ -49,22 +54,23 @@ def parse_tool_calls(text: str, tool_names: set[str] | None) -> tuple[str | None
     pos = start
     while pos >= 0:
         body_start = pos + len(TOOL_CALL_OPEN)
-        end = text.find(TOOL_CALL_CLOSE, body_start)
-        body = text[body_start:] if end < 0 else text[body_start:end]
+        nxt = text.find(TOOL_CALL_OPEN, body_start)
+        body = text[body_start:] if nxt < 0 else text[body_start:nxt]
         call = _parse_call(body, tool_names)
         if call is None:
             return text, []
         calls.append(call)
-        if end < 0:
-            break
-        pos = text.find(TOOL_CALL_OPEN, end + len(TOOL_CALL_CLOSE))
+        pos = nxt
     content = text[:start].rstrip()
     return (content or None), calls
 
 
+_DECODER = json.JSONDecoder()
+
+
 def _parse_call(body: str, tool_names: set[str]) -> dict[str, Any] | None:
     try:
-        obj = json.loads(body.strip())
+        obj, _ = _DECODER.raw_decode(body.lstrip())
     except json.JSONDecodeError:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in tool_names:

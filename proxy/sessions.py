@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,30 +167,57 @@ class SessionService:
         metadata: dict[str, Any],
         reward_fn: str | None,
         reference: str | None,
-    ) -> tuple[SessionInfo, str]:
-        key = "sk-sess-" + secrets.token_urlsafe(24)
+        count: int = 1,
+        guard: Callable[[Connection, int], APIError | None] | None = None,
+    ) -> list[tuple[SessionInfo, str]]:
+        """Create `count` sessions in one transaction; (info, key) for each.
+
+        `guard(conn, count)` runs first in that transaction and may refuse by returning the error
+        to raise: admission control counts and inserts atomically, whichever replica serves it.
+        """
         now = time.time()
-        row = {
-            "id": new_session_id(),
-            "key_hash": hash_key(key),
-            "task_id": task_id,
-            "group_id": group_id,
-            "meta": metadata,
-            "status": "open",
-            "auto": False,
-            "reward_fn": reward_fn,
-            "reference": reference,
-            "num_completions": 0,
-            "created_at": now,
-            "updated_at": now,
-        }
-        await self.db.write(lambda c: c.execute(sessions.insert().values(**_columns(row))))
-        info = SessionInfo(
-            id=row["id"], status="open", auto=False, key_hash=row["key_hash"], reward_fn=reward_fn, reference=reference
-        )
-        self._by_id[info.id] = info
-        self._by_key[info.key_hash or ""] = info.id
-        return info, key
+        made = []
+        for _ in range(count):
+            key = "sk-sess-" + secrets.token_urlsafe(24)
+            row = {
+                "id": new_session_id(),
+                "key_hash": hash_key(key),
+                "task_id": task_id,
+                "group_id": group_id,
+                "meta": metadata,
+                "status": "open",
+                "auto": False,
+                "reward_fn": reward_fn,
+                "reference": reference,
+                "num_completions": 0,
+                "created_at": now,
+                "updated_at": now,
+            }
+            made.append((row, key))
+
+        def insert(conn: Connection) -> APIError | None:
+            if guard is not None and (refusal := guard(conn, count)) is not None:
+                return refusal  # returned, not raised: the rest of the group commit goes on
+            conn.execute(sessions.insert(), [_columns(row) for row, _ in made])
+            return None
+
+        refusal = await self.db.write(insert)
+        if refusal is not None:
+            raise refusal
+        out = []
+        for row, key in made:
+            info = SessionInfo(
+                id=row["id"],
+                status="open",
+                auto=False,
+                key_hash=row["key_hash"],
+                reward_fn=reward_fn,
+                reference=reference,
+            )
+            self._by_id[info.id] = info
+            self._by_key[info.key_hash or ""] = info.id
+            out.append((info, key))
+        return out
 
 
 def _columns(row: dict[str, Any]) -> dict[str, Any]:

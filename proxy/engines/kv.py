@@ -100,20 +100,37 @@ class BatchKV:
         assert self.cache is not None
         return self.cache.layers  # type: ignore[return-value]
 
-    def add(self, rows: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
-        """Append rows; each is, per layer, (keys, values) of one prefilled sequence (1, H, l, D)."""
+    def add(self, rows: list[list[tuple[torch.Tensor, torch.Tensor]]], keep: list[int] | None = None) -> None:
+        """Append rows, each per layer (keys, values) of one prefilled sequence (1, H, l, D).
+
+        `keep` names the existing rows to carry over (default: all); the rest are dropped
+        in the same rebuild.
+        """
+        old_mask, old_layers = self.mask, (self._layers() if self.cache is not None else [])
+        if old_mask is not None and keep is not None and len(keep) < old_mask.shape[0]:
+            index = torch.tensor(keep, dtype=torch.long, device=old_mask.device)
+            old_mask = old_mask.index_select(0, index) if keep else None
+        else:
+            index = None
+        start = 0
+        if old_mask is not None:
+            live = torch.nonzero(old_mask.sum(0)).flatten()
+            start = int(live[0]) if live.numel() else old_mask.shape[1]
+            old_mask = old_mask[:, start:]
         lengths = [row[0][0].shape[-2] for row in rows]
-        width = max([self.width, *lengths])
+        width = max([0 if old_mask is None else old_mask.shape[1], *lengths])
         device = rows[0][0][0].device
-        masks = [] if self.mask is None else [_pad_left(self.mask, width)]
+        masks = [] if old_mask is None else [_pad_left(old_mask, width)]
         masks += [_pad_left(torch.ones(1, n, dtype=torch.long, device=device), width) for n in lengths]
         layers = []
         for i in range(len(rows[0])):
             ks, vs = [], []
-            if self.cache is not None:
-                old = self._layers()[i]
-                ks.append(_pad_left(old.keys, width))
-                vs.append(_pad_left(old.values, width))
+            if old_mask is not None:
+                k, v = old_layers[i].keys[:, :, start:], old_layers[i].values[:, :, start:]
+                if index is not None:
+                    k, v = k.index_select(0, index), v.index_select(0, index)
+                ks.append(_pad_left(k, width))
+                vs.append(_pad_left(v, width))
             for row in rows:
                 ks.append(_pad_left(row[i][0], width))
                 vs.append(_pad_left(row[i][1], width))

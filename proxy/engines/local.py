@@ -103,7 +103,7 @@ class LocalEngine:
         self._device = torch.device("cpu")
         self._waiting: deque[_Request] = deque()
         self._updates: deque[_WeightUpdate] = deque()
-        self._running: list[_Request] = []
+        self._running: list[_Request | None] = []  # one per KV row; None: finished, not yet compacted
         self._kv = BatchKV()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -147,7 +147,7 @@ class LocalEngine:
             "backend": "local",
             "version": self._version,
             "paused": self._paused,
-            "running": len(self._running),
+            "running": self._alive_count(),
             "waiting": len(self._waiting),
             **self.stats,
         }
@@ -219,7 +219,7 @@ class LocalEngine:
 
     @property
     def in_flight(self) -> int:
-        return len(self._running) + len(self._waiting)
+        return self._alive_count() + len(self._waiting)
 
     async def _between_steps(self, state: dict[str, torch.Tensor] | None, version: int) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -287,7 +287,7 @@ class LocalEngine:
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._wake:
-            pending = list(self._waiting) + self._running
+            pending = list(self._waiting) + [r for r in self._running if r is not None]
             self._waiting.clear()
             self._running = []
             updates = list(self._updates)
@@ -320,7 +320,7 @@ class LocalEngine:
         Right padding needs no attention mask: causal attention keeps every real
         position exact, and the padded tail of each row's KV is cut off.
         """
-        budget = self.cfg.max_batch_size - len(self._running)
+        budget = self.cfg.max_batch_size - self._alive_count()
         taken: list[_Request] = []
         with self._wake:
             while budget > len(taken) and self._waiting:
@@ -346,8 +346,9 @@ class LocalEngine:
                     admitted.append(req)
                     rows.append([(k[i : i + 1, :, : len(prompt)], v[i : i + 1, :, : len(prompt)]) for k, v in kv])
         if admitted:
-            self._kv.add(rows)
-            self._running.extend(admitted)
+            keep = [i for i, r in enumerate(self._running) if r is not None]
+            self._kv.add(rows, keep=keep)  # one rebuild: dead rows dropped, new rows joined
+            self._running = [self._running[i] for i in keep] + admitted
 
     def _prefill(self, prompts: list[tuple[int, ...]]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """One forward over right-padded prompts: last-position logits (P, V) and per-layer KV."""
@@ -371,14 +372,19 @@ class LocalEngine:
         self.stats["requests"] += len(prompts)
         return logits, [(layer.keys, layer.values) for layer in cache.layers]
 
+    def _alive_count(self) -> int:
+        return sum(r is not None for r in self._running)
+
     def _decode(self) -> None:
-        rows = [r for r in self._running if r.cancelled]
-        if rows:
-            self._drop(rows)
-            if not self._running:
-                return
+        for i, r in enumerate(self._running):
+            if r is not None and r.cancelled:
+                self._running[i] = None
+        if not self._alive_count():
+            self._compact()
+            return
         mask, positions = self._kv.step_inputs()
-        ids = torch.tensor([[r.last_token] for r in self._running], device=self._device)
+        pad = self.info.eos_token_ids[0] if self.info.eos_token_ids else 0
+        ids = torch.tensor([[r.last_token if r is not None else pad] for r in self._running], device=self._device)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -388,13 +394,20 @@ class LocalEngine:
         )
         self._kv.commit_step(mask)
         self.stats["steps"] += 1
-        finished = self._emit(self._running, out.logits[:, -1])
+        rows = [i for i, r in enumerate(self._running) if r is not None]
+        logits = out.logits[:, -1]
+        finished = self._emit([self._running[i] for i in rows], logits[rows] if len(rows) < len(logits) else logits)
         if finished:
-            self._drop(finished)
+            gone = {id(r) for r in finished}
+            self._running = [None if r is not None and id(r) in gone else r for r in self._running]
+        dead = len(self._running) - self._alive_count()
+        # Finished rows stay in the batch (fed a pad token) until enough of them make a
+        # copy of the KV worth it: compacting costs a full copy of every layer's cache.
+        if dead and (dead * 4 >= len(self._running) or not self._alive_count()):
+            self._compact()
 
-    def _drop(self, rows: list[_Request]) -> None:
-        gone = {id(r) for r in rows}
-        keep = [i for i, r in enumerate(self._running) if id(r) not in gone]
+    def _compact(self) -> None:
+        keep = [i for i, r in enumerate(self._running) if r is not None]
         self._running = [self._running[i] for i in keep]
         self._kv.keep(keep)
 

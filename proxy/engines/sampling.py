@@ -55,13 +55,17 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> Sampled:
     """Draw one token per row of `logits` (R, V)."""
     logprobs = process_logits(logits, params)
-    token_ids: list[int] = []
-    for row, (p, gen) in enumerate(zip(params, generators)):
-        if p.greedy:
-            token_ids.append(int(torch.argmax(logprobs[row])))
-        else:
-            token_ids.append(int(torch.multinomial(logprobs[row].exp(), 1, generator=gen)))
-    chosen = logprobs[torch.arange(len(params)), torch.tensor(token_ids)]
+    # Exponential race: argmax(log p - log E) with E ~ Exp(1) draws from p. One batched
+    # argmax for all rows; each seeded row fills its own noise from its own generator.
+    noise = torch.empty_like(logprobs).exponential_()
+    for row, gen in enumerate(generators):
+        if gen is not None:
+            noise[row].exponential_(generator=gen)
+    greedy = torch.tensor([p.greedy for p in params], device=logprobs.device)
+    scores = torch.where(greedy.unsqueeze(-1), logprobs, logprobs - noise.log())
+    chosen_ids = torch.argmax(scores, dim=-1)
+    token_ids = chosen_ids.tolist()
+    chosen = logprobs.gather(-1, chosen_ids.unsqueeze(-1)).squeeze(-1)
     tops: list[list[tuple[int, float]] | None] = [None] * len(params)
     want = max((p.top_logprobs for p in params), default=0)
     if want:

@@ -9,7 +9,8 @@ end with the matched stop token. Streamed chunks are cumulative unless the serve
 `--incremental-streaming-output`; `StreamDecoder` detects which and yields deltas.
 
 Weight updates pause every server with mode "retract", load the new weights from disk, and
-continue. Retract moves running requests back to the waiting queue with their tokens so far
+continue (a server already reporting that version, loaded by another proxy replica sharing it,
+is left alone). Retract moves running requests back to the waiting queue with their tokens so far
 and drops their KV cache; on continue they are re-prefilled under the new weights and go on
 sampling, so nothing in flight is lost and no stale KV is reused: while paused, the cache
 flush of the update ignores the waiting queue. ("in_place" keeps the running batch, so that
@@ -300,6 +301,10 @@ class SGLangEngine:
             await self.pool.on_each_live(lambda s: self._update_server(s, path, version), "weight update")
 
     async def _update_server(self, server: Server, path: str, version: int) -> None:
+        if await self._server_version(server) >= version:
+            # Another proxy replica sharing this server loaded these weights already.
+            self._versions.set(str(version), version)
+            return
         await post_json(self._http, server.url + "/pause_generation", {"mode": "retract"})
         try:
             body = {"model_path": path, "weight_version": str(version), "abort_all_requests": False}
@@ -309,6 +314,20 @@ class SGLangEngine:
         finally:
             await post_json(self._http, server.url + "/continue_generation", {})
         self._versions.set(str(version), version)
+
+    async def _server_version(self, server: Server) -> int:
+        """The int-like weight version `server` reports; -1 when it reports none (or another label)."""
+        for path in ("/model_info", "/get_model_info"):
+            try:
+                answer = await get_json(self._http, server.url + path)
+            except (ServerError, EngineRequestError):
+                continue
+            label = answer.get("weight_version") if isinstance(answer, dict) else None
+            try:
+                return int(str(label))
+            except ValueError:
+                return -1
+        return -1
 
     async def health(self) -> dict[str, Any]:
         await self.pool.check_health(self._http)

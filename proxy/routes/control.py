@@ -56,10 +56,8 @@ async def create_session(request: Request) -> Response:
     if count is not None and (isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1024):
         raise invalid_request("count must be an integer between 1 and 1024", "count")
 
-    async def create() -> list[Any]:
-        return [await state.sessions.create(**fields) for _ in range(count or 1)]
-
-    created = await (state.admission.admit(create, count or 1) if state.admission else create())
+    guard = state.admission.check if state.admission else None
+    created = await state.sessions.create(**fields, count=count or 1, guard=guard)
     base = (state.cfg.proxy.public_url or str(request.base_url)).rstrip("/")
     payloads = [
         {"session_id": info.id, "api_key": key, "base_url": f"{base}/sessions/{info.id}/v1"} for info, key in created

@@ -66,7 +66,7 @@ def test_streamed_text(proxy):
     session = proxy.new_session()
     client = client_for(proxy, session)
     with client.messages.stream(
-        model="m", messages=[{"role": "user", "content": "Count from one to five."}], max_tokens=20
+        model="m", messages=[{"role": "user", "content": "Count from one to five."}], max_tokens=20, extra_body=GREEDY
     ) as stream:
         pieces = list(stream.text_stream)
         final = stream.get_final_message()
@@ -81,7 +81,11 @@ def test_raw_stream_event_sequence(proxy):
     session = proxy.new_session()
     events = list(
         client_for(proxy, session).messages.create(
-            model="m", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, stream=True
+            model="m",
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=8,
+            stream=True,
+            extra_body=GREEDY,
         )
     )
     kinds = [e.type for e in events]

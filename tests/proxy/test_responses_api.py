@@ -60,7 +60,11 @@ def test_text_response_is_recorded(proxy):
 def test_streamed_events_in_order(proxy):
     session = proxy.new_session()
     stream = client_for(session).responses.create(
-        model="m", input=[{"role": "user", "content": "Count from one to five."}], max_output_tokens=20, stream=True
+        model="m",
+        input=[{"role": "user", "content": "Count from one to five."}],
+        max_output_tokens=20,
+        temperature=0,
+        stream=True,
     )
     events = list(stream)
     kinds = [e.type for e in events]

@@ -1,0 +1,395 @@
+"""`areal-proxy front`: one base URL for several proxy replicas.
+
+Clients, episode runners and the trainer talk to the front; it forwards each request as
+it came (streamed answers too, byte for byte) to a live replica. A request that names a
+session — `/sessions/{id}/...`, or a model call with a session key — goes to the same
+replica every time (rendezvous hashing over the live ones) for that replica's caches;
+nothing depends on it, since every replica serves every session from the shared store.
+
+Replicas are health-checked; one that fails leaves rotation until it answers again. A
+request that could not reach its replica is tried on another one; a request whose replica
+fails after receiving it, before any byte of the answer was sent, gets a 503 with
+`x-should-retry: true` and `retry-after` in OpenAI's error shape, so SDK clients retry and
+land on another replica. `POST /weights` goes to every live replica; one that comes back
+behind the last pushed version is given those weights before it serves again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from proxy.config import Config, ConfigError, FrontConfig
+from proxy.errors import APIError
+from proxy.sessions import bearer
+
+log = logging.getLogger("areal_front")
+
+_HOP_BY_HOP = {
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+    b"transfer-encoding", b"upgrade",
+}  # fmt: skip
+
+
+@dataclass(eq=False)
+class Replica:
+    url: str
+    alive: bool = False
+    version: int | None = None
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "alive": self.alive,
+            "version": self.version,
+            "in_flight": self.in_flight,
+            "requests": self.requests,
+            "failures": self.failures,
+            "last_error": self.last_error or None,
+        }
+
+
+def routing_key(path: str, headers: dict[str, str]) -> str | None:
+    """The session a request belongs to, as far as the front can tell: path id, else a model call's key."""
+    parts = path.split("/", 3)
+    if len(parts) > 2 and parts[1] == "sessions" and parts[2]:
+        return "session:" + parts[2]
+    if path.startswith("/v1/"):
+        token = bearer(headers.get("authorization"), headers.get("x-api-key"))
+        if token:
+            return "key:" + token
+    return None
+
+
+def _score(key: str, url: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{key}|{url}".encode(), digest_size=8).digest(), "big")
+
+
+class Router:
+    """Which replica serves what: pure bookkeeping, no network."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.replicas = [Replica(url.rstrip("/")) for url in dict.fromkeys(urls)]
+        self.version: int | None = None  # the newest weights version any replica reported or took
+        self._turn = 0
+
+    def serving(self) -> list[Replica]:
+        """Live replicas that are not behind the newest weights."""
+        newest = self.version
+        return [r for r in self.replicas if r.alive and (newest is None or (r.version or 0) >= newest)]
+
+    def pick(self, key: str | None, exclude: Collection[Replica] = ()) -> Replica | None:
+        candidates = [r for r in self.serving() if r not in exclude]
+        if not candidates:
+            return None
+        if key is not None:
+            return max(candidates, key=lambda r: _score(key, r.url))
+        self._turn += 1
+        n = len(self.replicas)
+        order = {id(r): (i - self._turn) % n for i, r in enumerate(self.replicas)}
+        return min(candidates, key=lambda r: (r.in_flight, order[id(r)]))
+
+    def observe(self, replica: Replica, version: int) -> None:
+        if not replica.alive:
+            log.info("replica %s is serving (version %d)", replica.url, version)
+        replica.alive = True
+        replica.version = version
+        self.version = version if self.version is None else max(self.version, version)
+
+    def mark_failed(self, replica: Replica, error: str) -> None:
+        if replica.alive:
+            log.warning("replica %s out of rotation: %s", replica.url, error)
+        replica.alive = False
+        replica.failures += 1
+        replica.last_error = error
+
+
+def replica_failed(message: str, retry_after: int) -> APIError:
+    return APIError(
+        503,
+        message,
+        code="replica_unavailable",
+        headers={"retry-after": str(retry_after), "x-should-retry": "true"},
+    )
+
+
+class Front:
+    """The ASGI application of the front."""
+
+    def __init__(self, cfg: FrontConfig, max_request_bytes: int) -> None:
+        if not cfg.replicas:
+            raise ConfigError("the front needs replicas: --replicas URL1,URL2 or [front] replicas = [...]")
+        self.cfg = cfg
+        self.max_request_bytes = max_request_bytes
+        self.router = Router(cfg.replicas)
+        self.client: httpx.AsyncClient | None = None
+        self.weights: tuple[bytes, list[tuple[bytes, bytes]], int] | None = None  # last pushed: body, headers, version
+        self._weights_lock: asyncio.Lock | None = None
+        self._health_task: asyncio.Task | None = None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        if path == "/health" and method == "GET":
+            await self._health(send)
+            return
+        body = await _read_body(receive, self.max_request_bytes)
+        if body is None:
+            error = APIError(413, f"request body exceeds the limit of {self.max_request_bytes} bytes")
+            await _send_error(send, error)
+            return
+        headers = _forward_headers(scope)
+        if path == "/weights" and method == "POST":
+            await self._push_weights(body, headers, send)
+            return
+        await self._forward(scope, body, headers, send)
+
+    # -- forwarding -------------------------------------------------------------------
+    async def _forward(self, scope: dict, body: bytes, headers: list[tuple[bytes, bytes]], send: Any) -> None:
+        assert self.client is not None
+        target = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        if scope.get("query_string"):
+            target += "?" + scope["query_string"].decode("latin-1")
+        key = routing_key(scope["path"], {k.decode("latin-1"): v.decode("latin-1") for k, v in headers})
+        tried: list[Replica] = []
+        while True:
+            replica = self.router.pick(key, tried)
+            if replica is None:
+                message = "no proxy replica is available" + (" (all failed for this request)" if tried else "")
+                await _send_error(send, replica_failed(message, self.cfg.retry_after_s + 1))
+                return
+            tried.append(replica)
+            replica.in_flight += 1
+            replica.requests += 1
+            try:
+                url = replica.url + target
+                request = self.client.build_request(scope["method"], url, headers=headers, content=body)
+                try:
+                    response = await self.client.send(request, stream=True)
+                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                    self.router.mark_failed(replica, f"unreachable ({type(exc).__name__})")
+                    continue  # the request never reached it: another replica may take it
+                except httpx.TransportError as exc:
+                    await self._failed_under_request(replica, exc, send)
+                    return
+                try:
+                    await self._relay(response, replica, send)
+                finally:
+                    await response.aclose()
+                return
+            finally:
+                replica.in_flight -= 1
+
+    async def _relay(self, response: httpx.Response, replica: Replica, send: Any) -> None:
+        """Stream the replica's answer through unchanged; headers go out with its first bytes."""
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP]
+        headers.append((b"x-areal-replica", replica.url.encode()))
+        start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        started = False
+        try:
+            async for chunk in response.aiter_raw():
+                if not started:
+                    await send(start)
+                    started = True
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.TransportError as exc:
+            if not started:
+                await self._failed_under_request(replica, exc, send)
+                return
+            if not isinstance(exc, httpx.TimeoutException):
+                self.router.mark_failed(replica, f"broke off an answer ({type(exc).__name__})")
+            # Bytes were sent: the answer cannot become a 503 any more. Returning without the final
+            # body message makes the server drop the connection, so the client sees a cut answer.
+            return
+        if not started:
+            await send(start)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _failed_under_request(self, replica: Replica, exc: Exception, send: Any) -> None:
+        if not isinstance(exc, httpx.TimeoutException):
+            self.router.mark_failed(replica, f"failed under a request ({type(exc).__name__})")
+        message = f"proxy replica {replica.url} failed before answering ({type(exc).__name__}); retry the request"
+        await _send_error(send, replica_failed(message, self.cfg.retry_after_s))
+
+    # -- weights ----------------------------------------------------------------------
+    async def _push_weights(self, body: bytes, headers: list[tuple[bytes, bytes]], send: Any) -> None:
+        """Every live replica loads the weights; the answer is the last replica's."""
+        assert self.client is not None and self._weights_lock is not None
+        async with self._weights_lock:
+            answer: httpx.Response | None = None
+            for replica in [r for r in self.router.replicas if r.alive]:
+                try:
+                    response = await self.client.post(replica.url + "/weights", content=body, headers=headers)
+                except httpx.TransportError as exc:
+                    self.router.mark_failed(replica, f"weight push failed ({type(exc).__name__})")
+                    continue
+                if response.status_code != 200:
+                    await _send_response(send, response)  # refused as sent (auth, bad path, old version)
+                    return
+                self.router.observe(replica, int(response.json()["version"]))
+                answer = response
+            if answer is None:
+                await _send_error(send, replica_failed("no proxy replica took the weights", self.cfg.retry_after_s))
+                return
+            self.weights = (body, headers, int(answer.json()["version"]))
+        await _send_response(send, answer)
+
+    async def _catch_up(self) -> None:
+        """Give a replica that came back behind the last pushed weights those weights."""
+        if self.weights is None or self._weights_lock is None or self.client is None:
+            return
+        for replica in self.router.replicas:
+            async with self._weights_lock:  # never interleaved with a push
+                body, headers, version = self.weights
+                if not (replica.alive and (replica.version or 0) < version):
+                    continue
+                try:
+                    response = await self.client.post(replica.url + "/weights", content=body, headers=headers)
+                except httpx.TransportError as exc:
+                    self.router.mark_failed(replica, f"weight catch-up failed ({type(exc).__name__})")
+                    continue
+            if response.status_code == 200:
+                log.info("replica %s brought up to weights version %d", replica.url, version)
+                self.router.observe(replica, int(response.json()["version"]))
+            else:
+                replica.last_error = f"weight catch-up refused: {response.status_code} {response.text[:200]}"
+
+    # -- health -----------------------------------------------------------------------
+    async def check_replicas(self) -> None:
+        await asyncio.gather(*(self._check(r) for r in self.router.replicas))
+        await self._catch_up()
+
+    async def _check(self, replica: Replica) -> None:
+        assert self.client is not None
+        try:
+            response = await self.client.get(replica.url + "/health", timeout=10)
+            version = int(response.json()["version"]) if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            self.router.mark_failed(replica, f"health check: {type(exc).__name__}: {exc}")
+            return
+        if version is None:
+            self.router.mark_failed(replica, f"health check: HTTP {response.status_code}")
+        else:
+            self.router.observe(replica, version)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health_interval_s)
+            try:
+                await self.check_replicas()
+            except Exception:  # the next round tries again; forwarding goes on
+                log.exception("replica health check failed")
+
+    async def _health(self, send: Any) -> None:
+        serving = self.router.serving()
+        payload = {
+            "status": "ok" if serving else "unavailable",
+            "version": self.router.version or 0,
+            "serving": len(serving),
+            "replicas": [r.stats() for r in self.router.replicas],
+        }
+        await _send_json(send, 200 if serving else 503, payload)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                timeout = httpx.Timeout(self.cfg.timeout_s, connect=5.0)
+                limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+                self.client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+                self._weights_lock = asyncio.Lock()
+                await self.check_replicas()
+                self._health_task = asyncio.create_task(self._health_loop())
+                log.info("front over %s", ", ".join(r.url for r in self.router.replicas))
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._health_task is not None:
+                    self._health_task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._health_task
+                if self.client is not None:
+                    await self.client.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _forward_headers(scope: dict) -> list[tuple[bytes, bytes]]:
+    """The client's headers minus hop-by-hop ones; Host stays, so replicas build URLs to the front."""
+    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in _HOP_BY_HOP and k != b"content-length"]
+    client = scope.get("client")
+    if client:
+        headers.append((b"x-forwarded-for", str(client[0]).encode()))
+    return headers
+
+
+async def _read_body(receive: Any, limit: int) -> bytes | None:
+    """The whole request body (kept, so a request that reached no replica can go to another), or None if too big."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+async def _send_json(send: Any, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+    body = json.dumps(payload).encode()
+    raw = [(b"content-type", b"application/json"), *((k.encode(), v.encode()) for k, v in (headers or {}).items())]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_error(send: Any, error: APIError) -> None:
+    await _send_json(send, error.status, error.body(), error.headers)
+
+
+async def _send_response(send: Any, response: httpx.Response) -> None:
+    """A replica's answer read in full (its body decoded): re-sent with its length recomputed."""
+    dropped = _HOP_BY_HOP | {b"content-length", b"content-encoding"}
+    headers = [(k, v) for k, v in response.headers.raw if k.lower() not in dropped]
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": response.content})
+
+
+def serve_front(cfg: Config) -> int:
+    """Run the front until interrupted."""
+    import uvicorn
+
+    app = Front(cfg.front, cfg.proxy.max_request_bytes)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=cfg.front.host,
+            port=cfg.front.port,
+            log_level=cfg.proxy.log_level,
+            access_log=cfg.proxy.log_level == "debug",
+            timeout_graceful_shutdown=10,
+            server_header=False,  # the replica's own Date and Server headers pass through
+            date_header=False,
+        )
+    )
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,442 @@
+"""`areal-proxy train --launcher ray`: the run's components as Ray actors on a cluster.
+
+Engine servers (`areal-proxy engine`), proxy replicas, the front over them, the trainer and
+N episode runners each run in an actor holding the resources `[ray]` declares (CPUs, GPUs,
+NPUs). The replicas share one PostgreSQL store — SQLite is refused up front — and the engine
+servers through the sglang backend (with `ray.engine_servers = 0` each replica runs its own
+local engine). Runners, agents and the trainer use the front's URL, so a weight push reaches
+every replica and a dead replica is routed around. Every `health_interval_s` the launcher
+checks each component, restarts one whose process died (up to `max_restarts`; an actor lost
+with its node stops the run), and appends what each component logged to `run_dir/logs/`;
+the trainer writes `metrics.jsonl`, checkpoints and its audit log into `run_dir`, which must
+be on a filesystem every node shares when the cluster has several. The run ends as the local
+launcher's does, and running the same command again resumes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from proxy.config import Config, ConfigError
+from proxy.store.db import is_sqlite
+from trainer.metrics import read_metrics
+
+FORWARDED_ENV = re.compile(r"^(HF_|HUGGINGFACE_|TRANSFORMERS_|AREAL_|TOKENIZERS_PARALLELISM$|OPENAI_AGENTS_)")
+
+
+def check_config(cfg: Config) -> None:
+    """What the ray launcher cannot run, said before anything starts."""
+    if is_sqlite(cfg.store.url):
+        raise ConfigError(
+            f"--launcher ray runs several processes that write one store, and SQLite ({cfg.store.url}) "
+            "allows one proxy process. Use PostgreSQL: --db postgresql+psycopg://user@host/dbname "
+            "(or [store] url = ...)."
+        )
+    r = cfg.ray
+    devices = {
+        "engine servers": (cfg.engine.device, r.engine_gpus, r.engine_npus, r.engine_servers > 0),
+        "proxy replicas (local engines)": (cfg.engine.device, r.proxy_gpus, r.proxy_npus, r.engine_servers == 0),
+        "trainer": (cfg.trainer.device, r.trainer_gpus, r.trainer_npus, True),
+    }
+    for what, (device, gpus, npus, used) in devices.items():
+        if used and device == "cuda" and gpus <= 0:
+            raise ConfigError(f"the {what} run on cuda but get no GPU: set the ray *_gpus field for them")
+        if used and device == "npu" and npus <= 0:
+            raise ConfigError(f"the {what} run on npu but get no NPU: set the ray *_npus field for them")
+
+
+def _absolute(spec: str, cwd: Path) -> str:
+    """`file.py:fn`, `data.jsonl` or `module.py` made absolute when that file exists here."""
+    path, sep, attr = spec.rpartition(":") if ".py:" in spec else (spec, "", "")
+    if path.endswith((".py", ".jsonl")) and (cwd / path).is_file():
+        return f"{(cwd / path).resolve()}{sep}{attr}"
+    return spec
+
+
+def prepare(cfg: Config, cwd: Path) -> Path:
+    """Settings every component must agree on; returns the absolute run directory."""
+    run_dir = (cwd / cfg.trainer.run_dir).resolve()
+    cfg.trainer.run_dir = str(run_dir)
+    if not cfg.trainer.weights_dir:
+        cfg.trainer.weights_dir = str(run_dir / "weights")  # readable by every engine, unlike /dev/shm
+    cfg.proxy.admission = True
+    cfg.rollout.dataset = _absolute(cfg.rollout.dataset, cwd)
+    cfg.rollout.agent = _absolute(cfg.rollout.agent, cwd)
+    cfg.rewards.modules = [_absolute(m, cwd) for m in cfg.rewards.modules]
+    return run_dir
+
+
+def resources(cpus: float, gpus: float, npus: float) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus}
+    if npus > 0:
+        options["resources"] = {"NPU": npus}
+    return options
+
+
+@dataclass
+class Component:
+    name: str
+    kind: str  # engine | proxy | front | trainer | runner
+    actor: Any
+    url: str = ""
+    node: str = ""
+    state: str = "starting"
+    restarts: int = 0
+    log_offset: int = 0
+
+
+class Cluster:
+    """The run's actors: creation, start order, checks, restarts, logs, teardown."""
+
+    def __init__(self, cfg: Config, run_dir: Path, cwd: Path, console: Console) -> None:
+        import ray
+
+        from trainer.ray_actors import ProcessActor, RunnerActor
+
+        self.ray = ray
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.logs = run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.cwd = str(cwd)
+        self.env = {k: v for k, v in os.environ.items() if FORWARDED_ENV.match(k)}
+        self.console = console
+        self.components: list[Component] = []
+        self._process = ray.remote(ProcessActor)
+        self._runner = ray.remote(RunnerActor)
+        self.runner_stats: dict[str, dict[str, Any]] = {}
+        self.stop_marked = False
+
+    # -- creation ---------------------------------------------------------------------
+    def add_process(self, name: str, kind: str, cpus: float, gpus: float = 0.0, npus: float = 0.0) -> Component:
+        actor = self._process.options(**resources(cpus, gpus, npus)).remote(name, self.cwd, self.env)
+        component = Component(name, kind, actor)
+        self.components.append(component)
+        return component
+
+    def add_runner(self, name: str) -> Component:
+        actor = self._runner.options(num_cpus=self.cfg.ray.runner_cpus).remote(name, self.cwd, self.env)
+        component = Component(name, "runner", actor)
+        self.components.append(component)
+        return component
+
+    def of(self, kind: str) -> list[Component]:
+        return [c for c in self.components if c.kind == kind]
+
+    def place(self, components: list[Component]) -> None:
+        """Wait until the actors are placed; learn their host:port."""
+        try:
+            calls = [c.actor.endpoint.remote() for c in components]
+            endpoints = self.ray.get(calls, timeout=self.cfg.ray.start_timeout_s)
+        except self.ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"the cluster could not place every component in {self.cfg.ray.start_timeout_s:.0f}s; "
+                f"it has {self.ray.available_resources()} free. Lower the [ray] resources or add nodes."
+            ) from None
+        for component, (host, port) in zip(components, endpoints):
+            component.url, component.node = f"http://{host}:{port}", host
+
+    def start(self, components: list[Component], argv: list[str], health: bool = True) -> None:
+        config = self.cfg.model_dump(mode="json")
+        pids = self.ray.get([c.actor.start.remote(argv, config) for c in components])
+        for component, pid in zip(components, pids):
+            self.write_pid(component, pid)
+        if health:
+            timeout = self.cfg.ray.start_timeout_s
+            errors = self.ray.get([c.actor.wait_healthy.remote(timeout) for c in components])
+            self.copy_logs()
+            for component, error in zip(components, errors):
+                if error:
+                    raise RuntimeError(f"{error}; see {self.logs / component.name}.log")
+        for component in components:
+            component.state = "running"
+
+    def start_runners(self, front_url: str) -> None:
+        config = self.cfg.model_dump(mode="json")
+        n = len(self.of("runner"))
+        calls = [self._start_runner(c, config, front_url, k, n) for k, c in enumerate(self.of("runner"))]
+        self.ray.get(calls)
+
+    def _start_runner(self, component: Component, config: dict, front_url: str, k: int, n: int) -> Any:
+        component.state = "running"
+        state_path = self.run_dir / f"runner_state_{k}of{n}.json"
+        return component.actor.start.remote(config, front_url, k, n, str(state_path))
+
+    # -- supervision ------------------------------------------------------------------
+    def check(self) -> str | None:
+        """One round of checks and restarts; a message when the run cannot go on."""
+        for component in self.components:
+            try:
+                if component.kind == "runner":
+                    problem = self._check_runner(component)
+                else:
+                    problem = self._check_process(component)
+            except self.ray.exceptions.RayActorError as exc:
+                return f"the actor of {component.name} died ({type(exc).__name__}); run the command again to resume"
+            if problem:
+                return problem
+        return None
+
+    def _check_process(self, component: Component) -> str | None:
+        status = self.ray.get(component.actor.status.remote(), timeout=60)
+        code = status["returncode"]
+        if code is None:
+            if component.kind != "trainer":
+                healthy = self.ray.get(component.actor.healthy.remote(), timeout=60)
+                component.state = "running" if healthy else "not answering"
+            return None
+        if component.kind == "trainer" and code == 0:
+            component.state = "finished"
+            return None
+        return self._restart(component, f"exited with {code}")
+
+    def _check_runner(self, component: Component) -> str | None:
+        stats = self.ray.get(component.actor.status.remote(), timeout=60)
+        self.runner_stats[component.name] = stats
+        if stats.get("error"):
+            return self._restart(component, f"failed: {stats['error']}")
+        component.state = "done" if stats.get("done") else "running"
+        return None
+
+    def _restart(self, component: Component, why: str) -> str | None:
+        self.say(f"{component.name} {why}; see {self.logs / component.name}.log")
+        if component.restarts >= self.cfg.ray.max_restarts:
+            return f"{component.name} {why} and was restarted {component.restarts} times already"
+        component.restarts += 1
+        component.state = "restarting"
+        self.copy_logs()
+        if component.kind == "runner":
+            runners, front = self.of("runner"), self.of("front")[0]
+            k, config = runners.index(component), self.cfg.model_dump(mode="json")
+            self.ray.get(self._start_runner(component, config, front.url, k, len(runners)))
+            return None
+        self.write_pid(component, self.ray.get(component.actor.restart.remote()))
+        if component.kind != "trainer":
+            error = self.ray.get(component.actor.wait_healthy.remote(self.cfg.ray.start_timeout_s))
+            if error:
+                return f"{component.name} did not come back: {error}"
+        if component.kind == "engine":
+            self._reload_weights(component)
+        component.state = "running"
+        self.say(f"{component.name} restarted ({component.restarts} of {self.cfg.ray.max_restarts})")
+        return None
+
+    def _reload_weights(self, engine: Component) -> None:
+        """A restarted engine server starts from the base model: give it the newest pushed weights."""
+        front = self.of("front")[0]
+        status, health = self.ray.get(front.actor.request.remote("GET", "/health"))
+        version = int(health.get("version", 0)) if status == 200 and isinstance(health, dict) else 0
+        if version <= 0:
+            return
+        path = Path(self.cfg.trainer.weights_dir) / f"v{version:07d}"
+        body = {"model_path": str(path), "weight_version": str(version), "abort_all_requests": False}
+        status, answer = self.ray.get(engine.actor.request.remote("POST", "/update_weights_from_disk", body))
+        self.say(f"{engine.name} reloaded weights v{version}: {status} {str(answer)[:200]}")
+
+    def write_pid(self, component: Component, pid: int) -> None:
+        """run_dir/<name>.pid: the process id on its node (`<node> <pid>`), for operators and tests."""
+        (self.run_dir / f"{component.name}.pid").write_text(f"{component.node} {pid}\n")
+
+    def mark_stop(self, present: bool = True) -> None:
+        """The trainer's STOP file, on the trainer's node: it ends once nothing more can be claimed."""
+        for trainer in self.of("trainer"):
+            self.ray.get(trainer.actor.mark.remote(str(self.run_dir / "STOP"), present))
+        self.stop_marked = present
+
+    # -- logs and metrics -------------------------------------------------------------
+    def copy_logs(self) -> None:
+        """Append what every component logged since the last copy to run_dir/logs/<name>.log."""
+        from trainer.ray_actors import LOG_CHUNK
+
+        pending = list(self.components)
+        while pending:
+            try:
+                chunks = self.ray.get([c.actor.read_log.remote(c.log_offset) for c in pending], timeout=60)
+            except self.ray.exceptions.RayError:
+                return  # an actor is gone; the checks report it
+            again = []
+            for component, chunk in zip(pending, chunks):
+                if chunk:
+                    with open(self.logs / f"{component.name}.log", "ab") as f:
+                        f.write(chunk)
+                    component.log_offset += len(chunk)
+                if len(chunk) == LOG_CHUNK:
+                    again.append(component)
+            pending = again
+
+    def save_metrics(self) -> None:
+        """Each replica's Prometheus metrics and the front's view of them, into run_dir/logs."""
+        for component in self.of("proxy") + self.of("front"):
+            path = "/metrics" if component.kind == "proxy" else "/health"
+            with contextlib.suppress(self.ray.exceptions.RayError):
+                status, body = self.ray.get(component.actor.request.remote("GET", path), timeout=30)
+                if status == 200:
+                    suffix = "metrics.txt" if component.kind == "proxy" else "health.json"
+                    text = body if isinstance(body, str) else json.dumps(body, indent=2)
+                    (self.logs / f"{component.name}.{suffix}").write_text(text)
+
+    def say(self, message: str) -> None:
+        self.console.print(message)
+        with open(self.logs / "launcher.log", "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+
+    # -- teardown ---------------------------------------------------------------------
+    def stop(self) -> int | None:
+        """Runners first (they end their open sessions through the front), then the trainer, then the rest."""
+        ray = self.ray
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get([c.actor.stop.remote(60) for c in self.of("runner")], timeout=120)
+        trainer_code = None
+        for trainer in self.of("trainer"):
+            with contextlib.suppress(ray.exceptions.RayError):
+                trainer_code = ray.get(trainer.actor.stop.remote(300), timeout=360)
+        self.save_metrics()
+        rest = self.of("front") + self.of("proxy") + self.of("engine")
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get([c.actor.stop.remote(30) for c in rest], timeout=120)
+        self.copy_logs()
+        for component in self.components:
+            with contextlib.suppress(Exception):
+                ray.kill(component.actor)
+        return trainer_code
+
+
+def progress_table(cluster: Cluster, started: float) -> Table:
+    cfg, run_dir = cluster.cfg, cluster.run_dir
+    steps = [r for r in read_metrics(run_dir) if "reward_mean" in r]
+    last, recent = (steps[-1] if steps else {}), steps[-10:]
+    table = Table(title=f"areal-proxy train (ray) — {run_dir}", show_header=False, min_width=60)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("step", f"{last.get('step', 0)}" + (f" / {cfg.trainer.max_steps}" if cfg.trainer.max_steps else ""))
+    table.add_row("policy version", str(last.get("version", 0)))
+    if recent:
+        table.add_row("reward mean (last 10 steps)", f"{sum(r['reward_mean'] for r in recent) / len(recent):.3f}")
+        table.add_row("staleness mean / max", f"{last['staleness_mean']:.2f} / {last['staleness_max']}")
+    stats = cluster.runner_stats.values()
+    finished = sum(s.get("episodes_finished", 0) for s in stats)
+    failed = sum(s.get("episodes_failed", 0) for s in stats)
+    table.add_row("episodes finished / failed", f"{finished} / {failed}")
+    table.add_row("admission waits", str(sum(s.get("admission_waits", 0) for s in stats)))
+    for c in cluster.components:
+        restarts = f", {c.restarts} restarts" if c.restarts else ""
+        where = c.url if c.kind in ("engine", "proxy", "front") else c.node
+        table.add_row(c.name, f"{c.state} {where}{restarts}")
+    table.add_row("elapsed", f"{time.time() - started:.0f}s")
+    return table
+
+
+def _bring_up(cluster: Cluster) -> str:
+    """Place every actor, then start engines → replicas → front → trainer → runners; the front's URL."""
+    cfg, r = cluster.cfg, cluster.cfg.ray
+    front = cluster.add_process("front", "front", r.front_cpus)
+    engine_res, proxy_res = (r.engine_cpus, r.engine_gpus, r.engine_npus), (r.proxy_cpus, r.proxy_gpus, r.proxy_npus)
+    engines = [cluster.add_process(f"engine-{i}", "engine", *engine_res) for i in range(r.engine_servers)]
+    proxies = [cluster.add_process(f"proxy-{i}", "proxy", *proxy_res) for i in range(r.proxy_replicas)]
+    trainer = cluster.add_process("trainer", "trainer", r.trainer_cpus, r.trainer_gpus, r.trainer_npus)
+    for i in range(r.runners):
+        cluster.add_runner(f"runner-{i}")
+    cluster.place([front, *engines, *proxies, trainer])
+    if engines:
+        cfg.engine.backend = "sglang"
+        cfg.engine.urls = [e.url for e in engines]
+    cfg.proxy.public_url = front.url
+    cfg.front.replicas = [p.url for p in proxies]
+    (cluster.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    serve = ["-m", "proxy.cli", "{kind}", "--host", "{{host}}", "--port", "{{port}}"]
+    if engines:
+        cluster.say(f"starting {len(engines)} engine servers")
+        cluster.start(engines, [a.format(kind="engine") for a in serve])
+    cluster.say(f"starting {len(proxies)} proxy replicas")
+    cluster.start(proxies, [a.format(kind="serve") for a in serve])
+    cluster.start([front], [a.format(kind="front") for a in serve])
+    cluster.say(f"front at {front.url} over {', '.join(cfg.front.replicas)}")
+    cluster.mark_stop(False)  # a STOP left by an earlier run would end this one at once
+    cluster.start([trainer], ["-m", "trainer.loop"], health=False)
+    cluster.start_runners(front.url)
+    return front.url
+
+
+def _supervise(cluster: Cluster, console: Console, stop: threading.Event) -> int:
+    started, last_check, last_print = time.time(), 0.0, 0.0
+    interactive = console.is_terminal
+    with (
+        Live(progress_table(cluster, started), console=console, refresh_per_second=1)
+        if interactive
+        else contextlib.nullcontext() as live
+    ):
+        while not stop.wait(1.0):
+            if time.time() - last_check >= cluster.cfg.ray.health_interval_s:
+                last_check = time.time()
+                problem = cluster.check()
+                cluster.copy_logs()
+                if problem:
+                    cluster.say(f"stopping the run: {problem}")
+                    return 1
+                if any(c.state == "finished" for c in cluster.of("trainer")):
+                    return 0
+                runners = cluster.of("runner")
+                if not cluster.stop_marked and runners and all(c.state == "done" for c in runners):
+                    cluster.mark_stop()  # the dataset is used up: the trainer ends once it trained the rest
+            if live is not None:
+                live.update(progress_table(cluster, started))
+            elif time.time() - last_print > 30:
+                console.print(progress_table(cluster, started))
+                last_print = time.time()
+    return 130
+
+
+def launch(cfg: Config, config_path: str | None, address: str | None) -> int:
+    check_config(cfg)
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--launcher ray needs Ray: pip install 'areal-proxy[ray]'") from None
+    console = Console()
+    cwd = Path.cwd()
+    run_dir = prepare(cfg, cwd)
+    address = address or cfg.ray.address or None
+    options: dict[str, Any] = {"log_to_driver": False}
+    if address is None:
+        options.update(include_dashboard=False, num_cpus=cfg.ray.local_cpus or None)
+    ray.init(address=address, **options)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    cluster = Cluster(cfg, run_dir, cwd, console)
+    code = 1
+    try:
+        interrupted = ray.get(ray.remote(num_cpus=0)(_close_interrupted).remote(cfg.model_dump(mode="json")))
+        if interrupted:
+            cluster.say(f"closed {interrupted} sessions left open by an interrupted run")
+        _bring_up(cluster)
+        code = _supervise(cluster, console, stop)
+    except RuntimeError as exc:
+        cluster.say(f"areal-proxy: {exc}")
+    finally:
+        trainer_code = cluster.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        ray.shutdown()
+    if code == 0 and trainer_code not in (0, None):
+        code = trainer_code
+    console.print(f"run finished (exit {code}); metrics: {run_dir / 'metrics.jsonl'}; logs: {run_dir / 'logs'}")
+    return code
+
+
+def _close_interrupted(config: dict[str, Any]) -> int:
+    from trainer.launch import close_interrupted_sessions
+
+    return close_interrupted_sessions(Config.model_validate(config))

@@ -20,7 +20,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.render import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from proxy.render import TOOL_CALL_OPEN
 
 
 def new_call_id() -> str:

@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy.config import Config
-from proxy.engines.base import Engine
+from proxy.engines.base import Engine, EngineUnavailable
 from proxy.engines.model_files import served_name
 from proxy.errors import APIError, engine_unavailable
 from proxy.metrics import Metrics
@@ -59,6 +59,7 @@ class AppState:
         self.served_name = cfg.proxy.served_model_name or served_name(cfg.engine.model)
         self.ready = asyncio.Event()  # loop-agnostic since Python 3.10
         self.load_error: BaseException | None = None
+        self.waiting_for = ""
         self.renderer: Any = None
         self.completions: Any = None
         self.rewards: Any = None
@@ -70,7 +71,7 @@ class AppState:
         from proxy.render import Renderer
 
         try:
-            await self.engine.start()
+            await self._start_engine()
             tokenizer = getattr(self.engine, "tokenizer", None)
             if tokenizer is None:
                 from transformers import AutoTokenizer
@@ -86,11 +87,27 @@ class AppState:
             self.load_error = exc
             log.exception("engine failed to start")
 
+    async def _start_engine(self) -> None:
+        """Start the engine; remote engine servers that are not up yet are waited for."""
+        delay = 1.0
+        while True:
+            try:
+                await self.engine.start()
+                return
+            except EngineUnavailable as exc:
+                if self.cfg.engine.backend == "local":
+                    raise
+                self.waiting_for = str(exc)
+                log.warning("engine servers not ready (%s); retrying in %.0fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 15.0)
+
     def require_ready(self) -> None:
         if self.load_error is not None:
             raise engine_unavailable(f"the engine failed to start: {self.load_error}", retry_after=30)
         if not self.ready.is_set():
-            raise engine_unavailable("the engine is still loading", retry_after=2)
+            detail = f": {self.waiting_for}" if self.waiting_for else ""
+            raise engine_unavailable(f"the engine is still loading{detail}", retry_after=2)
 
     def observe_call(self, api: str, started: float, results: list) -> None:
         self.metrics.inc("areal_requests_total", api=api)

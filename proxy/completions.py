@@ -150,7 +150,11 @@ class CompletionService:
         result = GenerationResult()
         try:
             stream = self.engine.stream(
-                turn.prompt.ids, params, request_id=f"{turn.response_id}-{index}", affinity=turn.session_id
+                turn.prompt.ids,
+                params,
+                request_id=f"{turn.response_id}-{index}",
+                affinity=turn.session_id,
+                incremental=out is not None,
             )
             async for delta in stream:
                 result.extend(delta)

@@ -13,7 +13,15 @@ import random
 from openai import AsyncOpenAI
 
 EVAL_SIZE = 200
-MAX_TOKENS = 24
+MAX_TOKENS = 16
+# Two worked examples as earlier turns show the answer format ("a op b = c"); without them the
+# 135M model rambles past the answer (1% sampled accuracy here; 9% with them).
+EXAMPLES = [
+    {"role": "user", "content": "What is 23 + 45?"},
+    {"role": "assistant", "content": "23 + 45 = 68"},
+    {"role": "user", "content": "What is 81 - 36?"},
+    {"role": "assistant", "content": "81 - 36 = 45"},
+]
 
 
 def _all_problems() -> list[tuple[int, str, int]]:
@@ -36,7 +44,7 @@ def tasks(split: str = "train", seed: int = 0) -> list[dict]:
 
 
 def messages_for(task: dict) -> list[dict]:
-    return [{"role": "user", "content": task["question"]}]
+    return [*EXAMPLES, {"role": "user", "content": task["question"]}]
 
 
 async def run(task: dict, base_url: str, api_key: str) -> None:

@@ -118,11 +118,14 @@ class Engine(Protocol):
         *,
         request_id: str,
         affinity: str | None = None,
+        incremental: bool = True,
     ) -> AsyncIterator[StreamDelta]:
         """Generate from `input_ids`, yielding tokens as they are produced.
 
         `affinity` names a conversation (a session id): backends with several
         servers keep one affinity on one server so its prefix cache is reused.
+        `incremental=False` says nobody watches tokens arrive: a remote backend
+        may then answer in one delta (one plain request instead of a stream).
         Raises `EngineUnavailable` when the engine cannot serve and
         `EngineRequestError` when the request itself is invalid for the model.
         """

@@ -159,6 +159,7 @@ class LocalEngine:
         *,
         request_id: str,
         affinity: str | None = None,
+        incremental: bool = True,
     ) -> AsyncIterator[StreamDelta]:
         if self._thread is None or not self._thread.is_alive():
             raise EngineUnavailable(f"local engine is not running: {self._error!r}")

@@ -275,19 +275,31 @@ class SGLangEngine:
         *,
         request_id: str,
         affinity: str | None = None,
+        incremental: bool = True,
     ) -> AsyncIterator[StreamDelta]:
-        payload = build_generate_request(input_ids, params, request_id)
+        payload = build_generate_request(input_ids, params, request_id, stream=incremental)
         client = self._http
 
         async def open_stream(server: Server) -> AsyncIterator[StreamDelta]:
-            decoder = StreamDecoder(self._versions, top_logprobs=params.top_logprobs)
             url = server.url + "/generate"
+            if not incremental:  # one JSON answer: cheaper than SSE when nobody watches tokens arrive
+                with http_errors(url):
+                    response = await client.post(url, json=payload)
+                    await raise_for_status(response)
+                    body = response.json()
+                yield parse_generate_body(body, self._versions, top_logprobs=params.top_logprobs)
+                return
+            decoder = StreamDecoder(self._versions, top_logprobs=params.top_logprobs)
             with http_errors(url):
                 async with client.stream("POST", url, json=payload) as response:
                     await raise_for_status(response)
+                    done = False
                     async for data in sse_data(response):
+                        if done:
+                            continue  # read to the end so the connection returns to the pool
                         if data == "[DONE]":
-                            break
+                            done = True
+                            continue
                         delta = decoder.feed(decode_event(data, url))
                         if delta is not None:
                             yield delta

@@ -250,6 +250,7 @@ class VLLMEngine:
         *,
         request_id: str,
         affinity: str | None = None,
+        incremental: bool = True,  # vLLM is always streamed: its per-token version spans come last
     ) -> AsyncIterator[StreamDelta]:
         payload = build_completion_request(input_ids, params, request_id, self._model)
         client = self._http
@@ -260,9 +261,13 @@ class VLLMEngine:
             with http_errors(url):
                 async with client.stream("POST", url, json=payload) as response:
                     await raise_for_status(response)
+                    done = False
                     async for data in sse_data(response):
+                        if done:
+                            continue  # read to the end so the connection returns to the pool
                         if data == "[DONE]":
-                            break
+                            done = True
+                            continue
                         delta = decoder.feed(decode_event(data, url))
                         if delta is not None:
                             yield delta

@@ -1,0 +1,167 @@
+"""What the proxy adds to every call: latency (sequential) and throughput (32 concurrent).
+
+The same chat requests are sent (a) straight to an instant engine
+(benchmarks/instant_engine.py, answering /v1/chat/completions itself) and (b)
+through `areal-proxy serve --set engine.backend=sglang` in front of that engine's
+SGLang-protocol `/generate`, with recording on (SQLite, commit before answer). The
+proxy is pinned to one core, the engine and this load generator to the other.
+
+    python benchmarks/proxy_overhead.py [--requests 1000] [--concurrency 32] [--db URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{url} exited {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"{url} not ready")
+
+
+def body(i: int) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": f"Request {i}: say hello."}], "max_tokens": 16}
+
+
+async def sequential(url: str, n: int) -> list[float]:
+    async with httpx.AsyncClient(timeout=60) as client:
+        for i in range(20):  # warm-up
+            await client.post(url, json=body(i))
+        times = []
+        for i in range(n):
+            t = time.perf_counter()
+            r = await client.post(url, json=body(i))
+            times.append(time.perf_counter() - t)
+            assert r.status_code == 200, r.text
+    return times
+
+
+async def concurrent(url: str, n: int, concurrency: int) -> tuple[float, list[float]]:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        await asyncio.gather(*(client.post(url, json=body(i)) for i in range(concurrency)))  # warm-up
+        times: list[float] = []
+        queue = list(range(n))
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                t = time.perf_counter()
+                r = await client.post(url, json=body(i))
+                times.append(time.perf_counter() - t)
+                assert r.status_code == 200, r.text
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return n / (time.perf_counter() - start), times
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] * 1e3
+
+
+def pin(core: int) -> list[str]:
+    return ["taskset", "-c", str(core)] if os.path.exists("/usr/bin/taskset") and os.cpu_count() > 1 else []
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--db", default="", help="store URL (default: a fresh SQLite file)")
+    args = parser.parse_args()
+    os.sched_setaffinity(0, {1}) if hasattr(os, "sched_setaffinity") and os.cpu_count() > 1 else None
+    tmp = Path(tempfile.mkdtemp(prefix="areal-overhead-"))
+    engine_port, proxy_port = free_port(), free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    engine = subprocess.Popen(
+        [*pin(1), sys.executable, str(REPO / "benchmarks/instant_engine.py"), "--port", str(engine_port)], env=env
+    )
+    db = args.db or f"sqlite:///{tmp}/areal.db"
+    wait(f"http://127.0.0.1:{engine_port}", engine)
+    proxy = subprocess.Popen(
+        [
+            *pin(0),
+            sys.executable,
+            "-m",
+            "proxy.cli",
+            "serve",
+            "--port",
+            str(proxy_port),
+            "--db",
+            db,
+            "--set",
+            "engine.backend=sglang",
+            "--set",
+            f'engine.urls=["http://127.0.0.1:{engine_port}"]',
+            "--set",
+            "proxy.log_level=warning",
+        ],
+        env=env,
+        cwd=tmp,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait(f"http://127.0.0.1:{engine_port}", engine)
+        wait(f"http://127.0.0.1:{proxy_port}", proxy)
+        direct = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
+        through = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
+        seq_direct = asyncio.run(sequential(direct, args.requests))
+        seq_proxy = asyncio.run(sequential(through, args.requests))
+        rps_direct, con_direct = asyncio.run(concurrent(direct, args.requests * 2, args.concurrency))
+        rps_proxy, con_proxy = asyncio.run(concurrent(through, args.requests * 2, args.concurrency))
+        recorded = httpx.get(f"http://127.0.0.1:{proxy_port}/sessions?limit=1", timeout=30).json()["total"]
+    finally:
+        proxy.terminate()
+        engine.terminate()
+        proxy.wait(30)
+        engine.wait(30)
+    result = {
+        "sequential_direct_p50_ms": round(pct(seq_direct, 0.5), 3),
+        "sequential_proxy_p50_ms": round(pct(seq_proxy, 0.5), 3),
+        "added_p50_ms": round(pct(seq_proxy, 0.5) - pct(seq_direct, 0.5), 3),
+        "added_p99_ms": round(pct(seq_proxy, 0.99) - pct(seq_direct, 0.99), 3),
+        "added_mean_ms": round((statistics.mean(seq_proxy) - statistics.mean(seq_direct)) * 1e3, 3),
+        f"concurrent{args.concurrency}_direct_rps": round(rps_direct, 1),
+        f"concurrent{args.concurrency}_proxy_rps": round(rps_proxy, 1),
+        f"concurrent{args.concurrency}_proxy_p50_ms": round(pct(con_proxy, 0.5), 2),
+        f"concurrent{args.concurrency}_proxy_p99_ms": round(pct(con_proxy, 0.99), 2),
+        f"concurrent{args.concurrency}_direct_p50_ms": round(pct(con_direct, 0.5), 2),
+        "sessions_recorded": recorded,
+        "store": db.split(":")[0],
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

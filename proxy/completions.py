@@ -268,8 +268,11 @@ class CompletionService:
 
 
 def _insert_turn(conn: Any, turn: Turn, rows: list[dict], now: float, lo: int | None, hi: int | None) -> None:
-    if turn.new_auto_session:
-        conn.execute(sessions.insert().values(**auto_session_row(turn.session_id, now)))
+    if turn.new_auto_session:  # born with its first completions: one statement fewer
+        session = {**auto_session_row(turn.session_id, now), "num_completions": len(rows)}
+        conn.execute(sessions.insert(), [{**session, "min_version": lo, "max_version": hi}])
+        conn.execute(completions.insert(), rows)
+        return
     conn.execute(completions.insert(), rows)
     values: dict[str, Any] = {"num_completions": sessions.c.num_completions + len(rows), "updated_at": now}
     if lo is not None:

@@ -83,6 +83,9 @@ class StoreConfig(Section):
     """Extra connections allowed above pool_size under load (PostgreSQL)."""
     commit_batch: int = 256
     """Most completions written in one group commit."""
+    sqlite_synchronous: Literal["full", "normal"] = "full"
+    """SQLite durability: full fsyncs every commit (survives power loss); normal survives a crash of the
+    proxy but not of the machine, and commits faster."""
 
 
 class RewardsConfig(Section):
@@ -155,6 +158,8 @@ class TrainerConfig(Section):
     """Push weights to the engine every k steps."""
     checkpoint_every: int = 10
     """Checkpoint every N steps (and at exit)."""
+    keep_checkpoints: int = 2
+    """How many of the newest checkpoints to keep."""
     run_dir: str = "./runs/default"
     """Checkpoints, metrics and logs of this run."""
     weights_dir: str = ""

@@ -38,13 +38,22 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save(run_dir: Path, model: Any, optimizer: torch.optim.Optimizer, state: TrainerState, keep: int = 2) -> Path:
+def save(
+    run_dir: Path,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    state: TrainerState,
+    keep: int = 2,
+    tokenizer: Any = None,
+) -> Path:
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{state.step:07d}"
     tmp = root / f".tmp_step_{state.step:07d}_{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
+    if tokenizer is not None:  # a checkpoint is a servable model: `areal-proxy serve --model <checkpoint>`
+        tokenizer.save_pretrained(tmp)
     torch.save({"optimizer": optimizer.state_dict(), "rng": _rng_state()}, tmp / "trainer.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state)))
     if final.exists():

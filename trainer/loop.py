@@ -78,6 +78,7 @@ class Trainer:
         self.ref_model: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.pad_id = 0
+        self.tokenizer: Any = None
 
     # -- setup ----------------------------------------------------------------------
     def setup(self) -> None:
@@ -91,6 +92,7 @@ class Trainer:
         self.model = AutoModelForCausalLM.from_pretrained(resume or base, dtype=dtype).to(self.device)
         self.model.eval()
         tokenizer = AutoTokenizer.from_pretrained(base)
+        self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         o = self.tcfg.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
@@ -138,7 +140,9 @@ class Trainer:
                 idle_since = time.time()
         finally:
             if self.state.step > 0 and self.optimizer is not None:
-                checkpoint.save(self.run_dir, self.model, self.optimizer, self.state)
+                checkpoint.save(
+                    self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
+                )
             self.metrics.close()
             self.db.close()
         return 0
@@ -181,7 +185,9 @@ class Trainer:
             push_s = self.sync.push(self.model, self.state.version + 1)
             self.state.version += 1
         if step % self.tcfg.checkpoint_every == 0:
-            checkpoint.save(self.run_dir, self.model, self.optimizer, self.state)
+            checkpoint.save(
+                self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
+            )
         self._log(step, sessions, samples, result, dropped, len(skipped), waited, t_train, push_s)
 
     def _audit(self, entry: dict[str, Any]) -> None:

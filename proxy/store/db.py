@@ -56,7 +56,7 @@ def create_db_engine(cfg: StoreConfig) -> SAEngine:
             dbapi_conn.isolation_level = None  # transactions are begun explicitly below
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=FULL")
+            cur.execute(f"PRAGMA synchronous={cfg.sqlite_synchronous.upper()}")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()

@@ -1,0 +1,166 @@
+"""Held-out arithmetic accuracy before and after a fixed wall-clock budget of training on CPU.
+
+1. evaluates the untrained model on the 200 held-out problems (sampled at T=1, and greedy);
+2. runs `areal-proxy train examples/arithmetic/config.toml` for `--minutes`, copying the
+   newest checkpoint's weights every `--snapshot-minutes`;
+3. stops the run (Ctrl-C semantics: the trainer checkpoints), evaluates every snapshot and the
+   final weights, and writes the curve (PNG) and a markdown table.
+
+    python benchmarks/learning_arithmetic.py --minutes 30 --out examples/arithmetic
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "examples" / "arithmetic"))
+from evaluate import evaluate  # noqa: E402
+
+SKIP = ("trainer.pt", "trainer_state.json")  # optimizer state is not needed to evaluate
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    root = run_dir / "checkpoints"
+    done = sorted(p for p in root.glob("step_*") if (p / "trainer_state.json").is_file()) if root.is_dir() else []
+    return done[-1] if done else None
+
+
+def snapshot(run_dir: Path, snaps: Path, minute: float) -> dict | None:
+    ckpt = newest_checkpoint(run_dir)
+    if ckpt is None:
+        return None
+    target = snaps / f"{minute:05.1f}min_{ckpt.name}"
+    shutil.copytree(ckpt, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*SKIP))
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    return {"minute": minute, "path": str(target), "step": state["step"]}
+
+
+def plot(metrics: list[dict], evals: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m for m in metrics if "reward_mean" in m]
+    t0 = steps[0]["time"] if steps else 0
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if steps:
+        xs = [(m["time"] - t0) / 60 for m in steps]
+        window = 5
+        ys = [
+            sum(s["reward_mean"] for s in steps[max(0, i - window + 1) : i + 1])
+            / len(steps[max(0, i - window + 1) : i + 1])
+            for i in range(len(steps))
+        ]
+        ax.plot(xs, ys, label="train reward (T=1, 5-step mean)", color="tab:blue")
+    ax.plot(
+        [e["minute"] for e in evals],
+        [e["sampled"] for e in evals],
+        "o-",
+        color="tab:red",
+        label="held-out accuracy, sampled T=1",
+    )
+    ax.plot(
+        [e["minute"] for e in evals],
+        [e["greedy"] for e in evals],
+        "s--",
+        color="tab:green",
+        label="held-out accuracy, greedy",
+    )
+    ax.set_xlabel("minutes of training (2 CPU cores)")
+    ax.set_ylabel("accuracy / reward")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+    ax.set_title("SmolLM2-135M-Instruct, two-digit arithmetic, GRPO through areal-proxy")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30)
+    parser.add_argument("--snapshot-minutes", type=float, default=5)
+    parser.add_argument("--config", default=str(REPO / "examples/arithmetic/config.toml"))
+    parser.add_argument("--run-dir", default=str(REPO / "runs/learning_arithmetic"))
+    parser.add_argument("--out", default=str(REPO / "examples/arithmetic"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    from proxy.engines.model_files import DEFAULT_MODEL
+
+    run_dir = Path(args.run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    snaps = run_dir / "snapshots"
+    snaps.mkdir(parents=True)
+    print("evaluating the untrained model ...", flush=True)
+    evals = [{"minute": 0.0, "step": 0, **asyncio.run(evaluate(DEFAULT_MODEL))}]
+    print(json.dumps(evals[-1]), flush=True)
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "proxy.cli",
+        "train",
+        args.config,
+        "--set",
+        f"trainer.run_dir={run_dir}",
+        "--set",
+        f"store.url=sqlite:///{run_dir}/areal.db",
+        "--set",
+        "trainer.checkpoint_every=5",
+    ]
+    for o in args.overrides:
+        cmd += ["--set", o]
+    log = open(run_dir / "train.out", "w")  # noqa: SIM115
+    started = time.time()
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
+    taken = []
+    next_snap = args.snapshot_minutes
+    while (elapsed := (time.time() - started) / 60) < args.minutes and proc.poll() is None:
+        if elapsed >= next_snap:
+            s = snapshot(run_dir, snaps, next_snap)
+            if s:
+                taken.append(s)
+            next_snap += args.snapshot_minutes
+        time.sleep(5)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(600)
+    final = snapshot(run_dir, snaps, round((time.time() - started) / 60, 1))
+    if final:
+        taken.append(final)
+    for s in taken:
+        print(f"evaluating {s['path']} ...", flush=True)
+        evals.append({"minute": s["minute"], "step": s["step"], **asyncio.run(evaluate(s["path"]))})
+        print(json.dumps(evals[-1]), flush=True)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    out = Path(args.out)
+    plot(metrics, evals, out / "curve.png")
+    rows = [
+        "| minutes | step | held-out sampled (T=1) | held-out greedy | + correct (sampled) | - correct (sampled) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in evals:
+        rows.append(
+            f"| {e['minute']:.1f} | {e['step']} | {e['sampled']:.1%} | {e['greedy']:.1%} | "
+            f"{e['sampled_add_correct']:.0f} | {e['sampled_sub_correct']:.0f} |"
+        )
+    table = "\n".join(rows)
+    (out / "results.md").write_text(table + "\n")
+    (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -190,6 +190,11 @@ class Trainer:
             )
         self._log(step, sessions, samples, result, dropped, len(skipped), waited, t_train, push_s)
 
+    def _checkpoint(self) -> None:
+        checkpoint.save(
+            self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
+        )
+
     def _audit(self, entry: dict[str, Any]) -> None:
         """Append-only record of which sessions each step trained on (and of resumes)."""
         with open(self.run_dir / "trained_sessions.jsonl", "a") as f:

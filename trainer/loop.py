@@ -164,6 +164,7 @@ class Trainer:
             train_on = sessions
         samples = build_samples(train_on, self.tcfg.style, baseline, scale)
         step = self.state.step + 1
+        trained_version = self.state.version  # the policy these sessions are measured against
         result = None
         if samples:
             batches = pack(samples, self.tcfg.tokens_per_microbatch, self.pad_id)
@@ -188,7 +189,7 @@ class Trainer:
             checkpoint.save(
                 self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
             )
-        self._log(step, sessions, samples, result, dropped, len(skipped), waited, t_train, push_s)
+        self._log(step, trained_version, sessions, samples, result, dropped, len(skipped), waited, t_train, push_s)
 
     def _checkpoint(self) -> None:
         checkpoint.save(
@@ -206,9 +207,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = o.lr * factor
 
-    def _log(self, step, sessions, samples, result, dropped, skipped, waited, t_train, push_s) -> None:  # noqa: ANN001
+    def _log(self, step, version, sessions, samples, result, dropped, skipped, waited, t_train, push_s) -> None:  # noqa: ANN001
         rewards = [s.reward for s in sessions]
-        staleness = [self.state.version - (s.min_version or 0) for s in sessions]
+        staleness = [version - (s.min_version or 0) for s in sessions]
         values = {
             "version": self.state.version,
             "sessions": len(sessions),

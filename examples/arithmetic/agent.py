@@ -55,3 +55,8 @@ async def run(task: dict, base_url: str, api_key: str) -> None:
         )
     finally:
         await client.close()
+
+
+def addition_tasks(split: str = "train", seed: int = 0) -> list[dict]:
+    """Only the additions: the quick-learning subset the CI learning test trains on."""
+    return [t for t in tasks(split, seed) if "+" in t["question"]]

@@ -46,7 +46,7 @@ calculator = Agent(
     instructions="You are a calculator. Call the calculate tool with the expression, then state the result.",
     model="smollm2-135m-instruct",
     tools=[calculate],
-    model_settings=ModelSettings(tool_choice="calculate", max_tokens=26),
+    model_settings=ModelSettings(tool_choice="calculate", max_tokens=26, temperature=0.7),
 )
 
 

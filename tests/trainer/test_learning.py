@@ -57,9 +57,10 @@ lr = 2e-5
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "reward_mean" in line]
     assert len(steps) == STEPS
     rewards = [s["reward_mean"] for s in steps]
-    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
-    # 4 steps × 48 episodes per side: a binomial at p≈0.2 has a standard error ≈ 0.03 per side
-    assert last > first + 0.1, f"reward did not go up: {rewards}"
+    first, last = sum(rewards[:2]) / 2, sum(rewards[-6:]) / 6
+    # 96 episodes before, 288 after: binomial standard errors ≈ 0.04 and 0.03, so a rise of
+    # 0.15 is over 3 standard errors of the difference. (Measured here: 0.20 → about 0.5.)
+    assert last > first + 0.15, f"reward did not go up: {rewards}"
 
     [checkpoint] = sorted((run_dir / "checkpoints").glob("step_*"))
     trained = load_file(str(checkpoint / "model.safetensors"))

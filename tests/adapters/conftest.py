@@ -1,0 +1,48 @@
+"""What every framework test here checks about a recorded episode, and the tokenizer to read it.
+
+An episode is one session; its model calls must form one tree: a single root, each
+other call's parent in the same session, and each child's token sequence starting
+with its parent's exact prompt and sampled ids.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def episode_nodes(proxy, session: dict) -> list[dict]:
+    """The session's recorded calls, root first."""
+    return sorted(proxy.session(session["session_id"])["completions"], key=lambda n: (n["depth"], n["created_at"]))
+
+
+def assert_one_tree(nodes: list[dict]) -> None:
+    by_id = {n["id"]: n for n in nodes}
+    roots = [n for n in nodes if n["parent_id"] is None]
+    assert len(roots) == 1, f"one tree per episode, got {len(roots)} roots"
+    for node in nodes:
+        assert node["output_ids"], "every call's sampled tokens are recorded"
+        assert len(node["output_logprobs"]) == len(node["output_ids"])
+        if node["parent_id"] is None:
+            continue
+        parent = by_id.get(node["parent_id"])
+        assert parent is not None, "a call's parent is a call of the same episode"
+        full = parent["prompt_ids"] + parent["output_ids"]
+        assert (node["prompt_ids"] + node["output_ids"])[: len(full)] == full, "token-exact continuation"
+
+
+def assert_chain(nodes: list[dict], length: int) -> None:
+    """`length` calls, each the child of the one before."""
+    assert len(nodes) == length, f"expected {length} recorded calls, got {len(nodes)}"
+    assert_one_tree(nodes)
+    for parent, child in zip(nodes, nodes[1:]):
+        assert child["parent_id"] == parent["id"]
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The served model's tokenizer, for reading what the model actually sampled."""
+    from transformers import AutoTokenizer
+
+    from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy"))

@@ -10,17 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.store.tokens import unpack_floats, unpack_ints
-from proxy.store.tree import full_messages
-
-
-def full_prompts(rows: list[Any]) -> dict[str, list[int]]:
-    by_id = {r.id: r for r in rows}
-    prompts: dict[str, list[int]] = {}
-    for row in sorted(rows, key=lambda r: r.depth):
-        parent = by_id.get(row.parent_id) if row.parent_id else None
-        base = prompts[parent.id] + unpack_ints(parent.output_ids) if parent is not None else []
-        prompts[row.id] = base + unpack_ints(row.prompt_ids)
-    return prompts
+from proxy.store.tree import full_messages, full_prompts
 
 
 def session_payload(session: Any, rows: list[Any]) -> dict[str, Any]:

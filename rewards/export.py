@@ -24,6 +24,7 @@ from proxy.config import Config
 from proxy.store.db import Database
 from proxy.store.schema import completions, sessions
 from proxy.store.tokens import unpack_floats, unpack_ints
+from proxy.store.tree import full_prompts
 
 
 @dataclass
@@ -78,11 +79,7 @@ def _group(session: Any) -> str:
 def samples_for_session(session: Any, rows: list[Any]) -> SessionSamples:
     """Both sample styles for one session (rows: its completion rows)."""
     by_id = {r.id: r for r in rows}
-    prompts: dict[str, list[int]] = {}
-    for row in sorted(rows, key=lambda r: r.depth):
-        parent = by_id.get(row.parent_id) if row.parent_id else None
-        base = prompts[parent.id] + unpack_ints(parent.output_ids) if parent is not None else []
-        prompts[row.id] = base + unpack_ints(row.prompt_ids)
+    prompts = full_prompts(rows)
     group = _group(session)
     reward = float(session.reward or 0.0)
     individual = []

@@ -169,3 +169,14 @@ def full_messages(rows: list[Any]) -> dict[str, list[dict[str, Any]]]:
     for row in rows:
         messages_of(row)
     return memo
+
+
+def full_prompts(rows: list[Any]) -> dict[str, list[int]]:
+    """Each completion's full prompt ids: parent prompt + parent output + its own new ids."""
+    by_id = {r.id: r for r in rows}
+    prompts: dict[str, list[int]] = {}
+    for row in sorted(rows, key=lambda r: r.depth):
+        parent = by_id.get(row.parent_id) if row.parent_id else None
+        base = prompts[parent.id] + unpack_ints(parent.output_ids) if parent is not None else []
+        prompts[row.id] = base + unpack_ints(row.prompt_ids)
+    return prompts

@@ -15,6 +15,7 @@ stays on the safe side.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Protocol
 
 from camel.models import BaseModelBackend, ModelFactory
@@ -68,13 +69,19 @@ def session_model(
     *,
     model_config: dict[str, Any] | None = None,
     token_counter: BaseTokenCounter | None = None,
+    timeout: float = 600.0,
     max_retries: int = 3,
 ) -> BaseModelBackend:
     """A CAMEL model backend whose calls go to one session (`base_url` ends with /v1).
 
     `model_config` is CAMEL's `model_config_dict` (temperature, max_tokens,
-    tool_choice, ...); it is sent with every call.
+    tool_choice, ...); it is sent with every call. The timeout is longer than
+    CAMEL's 180 s default: a call queued behind a busy engine or a weight update
+    would otherwise be sent again, and the retry recorded as a second sample.
     """
+    camel_log = logging.getLogger("camel")
+    if camel_log.level == logging.NOTSET:  # CAMEL's own default; under an INFO root it logs every request
+        camel_log.setLevel(logging.WARNING)
     return ModelFactory.create(
         model_platform=ModelPlatformType.OPENAI_COMPATIBLE_MODEL,
         model_type=model,
@@ -82,5 +89,6 @@ def session_model(
         url=base_url,
         api_key=api_key,
         token_counter=token_counter or OfflineTokenCounter(),
+        timeout=timeout,
         max_retries=max_retries,
     )

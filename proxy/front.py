@@ -102,11 +102,13 @@ class Router:
         return min(candidates, key=lambda r: (r.in_flight, order[id(r)]))
 
     def observe(self, replica: Replica, version: int) -> None:
+        newest = version if self.version is None else max(self.version, version)
         if not replica.alive:
-            log.info("replica %s is serving (version %d)", replica.url, version)
+            state = "is serving" if version >= newest else f"answers, but waits for weights version {newest}"
+            log.info("replica %s %s (it has version %d)", replica.url, state, version)
         replica.alive = True
         replica.version = version
-        self.version = version if self.version is None else max(self.version, version)
+        self.version = newest
 
     def mark_failed(self, replica: Replica, error: str) -> None:
         if replica.alive:

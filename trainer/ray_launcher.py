@@ -184,6 +184,9 @@ class Cluster:
                     problem = self._check_runner(component)
                 else:
                     problem = self._check_process(component)
+            except self.ray.exceptions.GetTimeoutError:
+                component.state = "not answering"  # busy or overloaded: asked again next round
+                continue
             except self.ray.exceptions.RayActorError as exc:
                 return f"the actor of {component.name} died ({type(exc).__name__}); run the command again to resume"
             if problem:
@@ -237,8 +240,8 @@ class Cluster:
     def _reload_weights(self, engine: Component) -> None:
         """A restarted engine server starts from the base model: give it the newest pushed weights."""
         front = self.of("front")[0]
-        status, health = self.ray.get(front.actor.request.remote("GET", "/health"))
-        version = int(health.get("version", 0)) if status == 200 and isinstance(health, dict) else 0
+        _, health = self.ray.get(front.actor.request.remote("GET", "/health"))  # a 503 still names the version
+        version = int(health.get("version", 0)) if isinstance(health, dict) else 0
         if version <= 0:
             return
         path = Path(self.cfg.trainer.weights_dir) / f"v{version:07d}"
@@ -414,7 +417,13 @@ def launch(cfg: Config, config_path: str | None, address: str | None) -> int:
         options.update(include_dashboard=False, num_cpus=cfg.ray.local_cpus or None)
     ray.init(address=address, **options)
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(*_: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting (the teardown still runs)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     cluster = Cluster(cfg, run_dir, cwd, console)
     code = 1
     try:
@@ -423,7 +432,7 @@ def launch(cfg: Config, config_path: str | None, address: str | None) -> int:
             cluster.say(f"closed {interrupted} sessions left open by an interrupted run")
         _bring_up(cluster)
         code = _supervise(cluster, console, stop)
-    except RuntimeError as exc:
+    except (RuntimeError, ray.exceptions.RayError) as exc:
         cluster.say(f"areal-proxy: {exc}")
     finally:
         trainer_code = cluster.stop()

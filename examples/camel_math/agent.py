@@ -13,7 +13,7 @@ from camel.agents import ChatAgent
 
 from adapters.camel import session_model
 
-SYSTEM = "You are a careful calculator. Answer with the result of the arithmetic."
+SYSTEM = "You are a calculator. Reply in the form: The answer is <number>."
 CONTEXT_WINDOW = 8192  # SmolLM2's; CAMEL trims its memory to fit
 
 

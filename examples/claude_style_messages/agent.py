@@ -20,7 +20,7 @@ import anthropic
 
 MODEL = "smollm2-135m-instruct"
 MAX_TURNS = 4
-SYSTEM = "You are a calculator. Call the calculate tool with the expression, then state the result."
+SYSTEM = "You are a calculator. Call the calculate tool with the expression, then reply: The answer is <result>."
 CALCULATE = {
     "name": "calculate",
     "description": "Evaluate an arithmetic expression such as `12 + 34` or `56 - 7`.",
@@ -61,7 +61,13 @@ async def run(task: dict, base_url: str, api_key: str) -> None:
     try:
         for _ in range(MAX_TURNS):
             reply = await client.messages.create(
-                model=MODEL, system=SYSTEM, messages=messages, tools=[CALCULATE], tool_choice=tool_choice, max_tokens=32
+                model=MODEL,
+                system=SYSTEM,
+                messages=messages,
+                tools=[CALCULATE],
+                tool_choice=tool_choice,
+                max_tokens=32,
+                extra_body={"temperature": 0.7},  # this client version takes sampling settings only here
             )
             if reply.stop_reason != "tool_use":
                 return

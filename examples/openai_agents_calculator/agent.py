@@ -41,9 +41,11 @@ def calculate(expression: str) -> str:
     return str(int(result)) if float(result).is_integer() else str(result)
 
 
+INSTRUCTIONS = "You are a calculator. Call the calculate tool with the expression, then reply: The answer is <result>."
+
 calculator = Agent(
     name="calculator",
-    instructions="You are a calculator. Call the calculate tool with the expression, then state the result.",
+    instructions=INSTRUCTIONS,
     model="smollm2-135m-instruct",
     tools=[calculate],
     model_settings=ModelSettings(tool_choice="calculate", max_tokens=26, temperature=0.7),

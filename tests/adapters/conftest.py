@@ -10,6 +10,39 @@ from __future__ import annotations
 import pytest
 
 
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a (int): The first integer.
+        b (int): The second integer.
+    """
+    return a + b
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a (int): The first integer.
+        b (int): The second integer.
+    """
+    return a * b
+
+
+def calculator(tool: str):
+    """An ordinary Agents SDK agent with the two tools, greedy, its first call forced to `tool`."""
+    from agents import Agent, ModelSettings, function_tool
+
+    return Agent(
+        name="calculator",
+        instructions="You are a calculator. Use the add and multiply tools, then state the result.",
+        model="smollm2-135m-instruct",
+        tools=[function_tool(add), function_tool(multiply)],
+        model_settings=ModelSettings(tool_choice=tool, max_tokens=26, temperature=0),
+    )
+
+
 def episode_nodes(proxy, session: dict) -> list[dict]:
     """The session's recorded calls, root first."""
     return sorted(proxy.session(session["session_id"])["completions"], key=lambda n: (n["depth"], n["created_at"]))
@@ -32,7 +65,8 @@ def assert_one_tree(nodes: list[dict]) -> None:
 
 def assert_chain(nodes: list[dict], length: int) -> None:
     """`length` calls, each the child of the one before."""
-    assert len(nodes) == length, f"expected {length} recorded calls, got {len(nodes)}"
+    shape = [(n["id"], n["parent_id"], n["finish_reason"]) for n in nodes]
+    assert len(nodes) == length, f"expected {length} recorded calls, got {shape}"
     assert_one_tree(nodes)
     for parent, child in zip(nodes, nodes[1:]):
         assert child["parent_id"] == parent["id"]

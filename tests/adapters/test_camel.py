@@ -16,29 +16,9 @@ import pytest
 from camel.agents import ChatAgent
 
 from adapters.camel import OfflineTokenCounter, session_model
-from tests.adapters.conftest import assert_chain, episode_nodes
+from tests.adapters.conftest import add, assert_chain, episode_nodes, multiply
 
 GREEDY = {"temperature": 0, "max_tokens": 26}
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a (int): The first integer.
-        b (int): The second integer.
-    """
-    return a + b
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a (int): The first integer.
-        b (int): The second integer.
-    """
-    return a * b
 
 
 def forced(tool: str) -> dict:

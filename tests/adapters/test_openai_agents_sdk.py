@@ -16,31 +16,10 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from agents import Agent, ModelSettings, Runner, function_tool, set_default_openai_api
+from agents import Agent, Runner, set_default_openai_api
 from agents.tracing.processors import default_exporter, default_processor
 
-
-@function_tool
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-@function_tool
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers."""
-    return a * b
-
-
-def calculator(tool: str) -> Agent:
-    return Agent(
-        name="calculator",
-        instructions="You are a calculator. Use the add and multiply tools, then state the result.",
-        model="smollm2-135m-instruct",
-        tools=[add, multiply],
-        model_settings=ModelSettings(tool_choice=tool, max_tokens=26, temperature=0),
-    )
-
+from tests.adapters.conftest import calculator
 
 # (forced tool, question, expected tool output, streamed?)
 EPISODES = [

@@ -5,7 +5,8 @@ trainer, each a Ray actor, run the arithmetic example for a few steps. Afterward
 session that finished was trained exactly once or counted as dropped / skipped / waiting, no
 answered completion is missing, token versions only go up and never pass the final version,
 the runners' shares did not overlap, and every component's log is in the run directory. The
-slow variant SIGKILLs a replica mid-run: the launcher restarts it and the run completes.
+slow variant, with a local engine in each replica, SIGKILLs a replica mid-run: the launcher
+restarts it, the front brings it up to the newest weights, and the run completes.
 SQLite is refused before anything starts.
 """
 
@@ -30,7 +31,7 @@ from tests.conftest import REPO, fresh_pg_database
 GROUP_SIZE = 4
 
 
-def write_config(tmp: Path, db_url: str, max_steps: int) -> Path:
+def write_config(tmp: Path, db_url: str, max_steps: int, engine_servers: int = 1) -> Path:
     run_dir = tmp / "run"
     path = tmp / "config.toml"
     path.write_text(
@@ -55,7 +56,7 @@ run_dir = "{run_dir}"
 [ray]
 local_cpus = 16
 proxy_replicas = 2
-engine_servers = 1
+engine_servers = {engine_servers}
 runners = 2
 health_interval_s = 2
 """
@@ -139,14 +140,16 @@ def check_run(run_dir: Path, db_url: str, max_steps: int) -> int:
 
     # logs and metrics gathered in the run directory
     logs = run_dir / "logs"
-    for name in ("front", "engine-0", "proxy-0", "proxy-1", "trainer", "runner-0", "runner-1"):
+    for name in ("front", "proxy-0", "proxy-1", "trainer", "runner-0", "runner-1"):
         assert (logs / f"{name}.log").stat().st_size > 0, name
-    engine_log = (logs / "engine-0.log").read_text()
-    pushes = engine_log.count("loaded as version")
-    assert pushes == final_version, "each version loaded once by the shared engine, not once per replica"
+    if (logs / "engine-0.log").exists():
+        pushes = (logs / "engine-0.log").read_text().count("loaded as version")
+        assert pushes == final_version, "each version loaded once by the shared engine, not once per replica"
     for replica in ("proxy-0", "proxy-1"):
         text = (logs / f"{replica}.metrics.txt").read_text()
         assert "areal_weight_updates_total" in text, f"{replica} took weight pushes"
+    front = json.loads((logs / "front.health.json").read_text())
+    assert [r["version"] for r in front["replicas"]] == [final_version] * 2, "every replica ends on the last weights"
     return final_version
 
 
@@ -178,10 +181,12 @@ def test_ray_run_two_replicas_one_engine_two_runners(tmp_path):
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_ray_run_survives_a_killed_replica(tmp_path):
+    """Replicas with their own local engines: the restarted one comes back on the base weights
+    and the front brings it up to the newest before it serves again."""
     pytest.importorskip("ray")
     run_dir = tmp_path / "run"
     with fresh_pg_database() as db_url:
-        config = write_config(tmp_path, db_url, max_steps=6)
+        config = write_config(tmp_path, db_url, max_steps=6, engine_servers=0)
         proc = train(config)
         deadline = time.time() + 900
         while time.time() < deadline and proc.poll() is None and len(metrics(run_dir)) < 2:

@@ -1,0 +1,102 @@
+"""`adapters.openai_agents`: many Agents SDK episodes in one process, each bound to its session.
+
+Episodes in both API styles run concurrently on one event loop, each through its own
+client (`session_run_config` or `session_model`); the Agent objects are shared and never
+changed. Every session must hold exactly its own episode's calls, linked into one chain
+with token-exact turns, in the API style it asked for, and no trace may leave the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+from agents import Runner
+from agents.tracing.processors import default_exporter, default_processor
+
+from adapters.openai_agents import session_model, session_run_config
+from tests.adapters.conftest import assert_chain, calculator, episode_nodes
+
+AGENTS = {"add": calculator("add"), "multiply": calculator("multiply")}
+# (api, binding, forced tool, question, tool output)
+EPISODES = [
+    ("responses", "run_config", "add", "What is 7 plus 5?", 12),
+    ("chat_completions", "run_config", "multiply", "What is 6 times 7?", 42),
+    ("responses", "model", "multiply", "Multiply 3 by 8.", 24),
+    ("chat_completions", "model", "add", "Add 5 and 9.", 14),
+]
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    received: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.received.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def trace_sink() -> Iterator[list[str]]:
+    """The tracing exporter pointed at a local recorder: whatever it would upload lands here."""
+    server = HTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    exporter = default_exporter()
+    original = exporter.endpoint
+    exporter.endpoint = f"http://127.0.0.1:{server.server_port}/v1/traces/ingest"
+    _Recorder.received = []
+    try:
+        yield _Recorder.received
+    finally:
+        exporter.endpoint = original
+        server.shutdown()
+
+
+async def episode(session: dict, api: str, binding: str, tool: str, question: str):
+    agent = AGENTS[tool]
+    base_url, key = session["base_url"], session["api_key"]
+    if binding == "run_config":
+        return await Runner.run(agent, question, max_turns=4, run_config=session_run_config(base_url, key, api=api))
+    bound = agent.clone(model=session_model(base_url, key, api=api))
+    return await Runner.run(bound, question, max_turns=4)
+
+
+def test_concurrent_episodes_each_in_their_own_session(sqlite_proxy, trace_sink):
+    proxy = sqlite_proxy
+    sessions = [proxy.new_session(task_id=f"agents-adapter-{i}") for i in range(len(EPISODES))]
+
+    async def episodes():
+        return await asyncio.gather(*(episode(s, *e[:4]) for s, e in zip(sessions, EPISODES)))
+
+    results = asyncio.run(episodes())
+    for session, result, (api, _, tool, _, output) in zip(sessions, results, EPISODES):
+        nodes = episode_nodes(proxy, session)
+        assert_chain(nodes, len(result.raw_responses))
+        assert len(nodes) >= 2
+        assert {n["api"] for n in nodes} == {"responses" if api == "responses" else "chat"}
+        [call] = nodes[0]["response"]["tool_calls"]
+        assert call["function"]["name"] == tool
+        assert [i.output for i in result.new_items if i.type == "tool_call_output_item"][0] == output
+        if api == "responses":
+            assert [r.response_id for r in result.raw_responses] == [n["id"] for n in nodes]
+    default_processor().force_flush()
+    assert trace_sink == [], "no trace may leave the machine"
+
+
+def test_model_names_must_be_slash_free():
+    with pytest.raises(ValueError, match="slash-free"):
+        session_model("http://127.0.0.1:9/v1", "k", "HuggingFaceTB/SmolLM2-135M-Instruct")
+    with pytest.raises(ValueError, match="slash-free"):
+        session_run_config("http://127.0.0.1:9/v1", "k", model="Qwen/Qwen3-8B")
+    with pytest.raises(ValueError, match="chat_completions"):
+        session_run_config("http://127.0.0.1:9/v1", "k", api="completions")
+    config = session_run_config(
+        "http://127.0.0.1:9/v1", "k", api="chat_completions", model="smollm2", workflow_name="w"
+    )
+    assert config.tracing_disabled and config.model == "smollm2" and config.workflow_name == "w"

@@ -18,13 +18,14 @@ import json
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Collection, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 
 from proxy.engines.base import EngineRequestError, EngineUnavailable, ModelInfo, StreamDelta
 
@@ -196,14 +197,14 @@ class ServerPool:
         if errors:
             raise EngineUnavailable(f"{what} failed on " + "; ".join(errors))
 
-    async def check_health(self, client: httpx.AsyncClient, path: str = "/health") -> None:
+    async def check_health(self, client: aiohttp.ClientSession, path: str = "/health") -> None:
         """GET `path` on every server: a 2xx puts it back in rotation, anything else takes it out."""
 
         async def ping(server: Server) -> None:
             try:
                 with http_errors(server.url + path):
-                    response = await client.get(server.url + path)
-                await raise_for_status(response)
+                    async with client.get(server.url + path) as response:
+                        await raise_for_status(response)
                 self.mark_ok(server)
             except (ServerError, EngineRequestError) as exc:
                 self.mark_failed(server, f"health check: {exc}")
@@ -216,11 +217,22 @@ class ServerPool:
 # ---- what both HTTP backends share on the wire ----
 
 
-def http_client(timeout_s: float) -> httpx.AsyncClient:
-    """One pooled client per engine; engine servers are internal, so proxy env vars are ignored."""
-    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
-    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
-    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+def http_client(timeout_s: float) -> aiohttp.ClientSession:
+    """One pooled client per engine (created on the running loop); proxy env vars are ignored.
+
+    aiohttp rather than httpx on this path: measured here, httpx spent ~2 ms of CPU per request
+    at 32 in flight (its pool scans and polls every idle connection per request), aiohttp 0.1 ms.
+    `timeout_s` bounds the connect and each wait for data, not a whole (long) generation.
+    """
+    timeout = aiohttp.ClientTimeout(total=None, connect=min(timeout_s, 10.0), sock_read=timeout_s)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    return aiohttp.ClientSession(
+        timeout=timeout,
+        connector=connector,
+        trust_env=False,
+        json_serialize=lambda obj: orjson.dumps(obj).decode(),
+        auto_decompress=False,
+    )
 
 
 @contextmanager
@@ -228,9 +240,9 @@ def http_errors(url: str) -> Iterator[None]:
     """Turn transport failures towards `url` into `ServerError`."""
     try:
         yield
-    except httpx.TimeoutException as exc:
+    except TimeoutError as exc:  # asyncio's and aiohttp's timeouts
         raise ServerError(f"{url} timed out ({type(exc).__name__})") from exc
-    except httpx.RequestError as exc:
+    except aiohttp.ClientError as exc:
         raise ServerError(f"{url} unreachable ({type(exc).__name__}: {exc})") from exc
 
 
@@ -251,50 +263,75 @@ def error_from_body(body: Any, status: int) -> Exception:
     return ServerError(f"HTTP {status}: {message}")
 
 
-async def raise_for_status(response: httpx.Response) -> None:
-    if response.status_code < 400:
+async def raise_for_status(response: aiohttp.ClientResponse) -> None:
+    if response.status < 400:
         return
-    raw = (await response.aread()).decode(errors="replace")
+    raw = (await response.read()).decode(errors="replace")
     try:
         body: Any = json.loads(raw)
     except json.JSONDecodeError:
         body = raw.strip()
-    raise error_from_body(body, response.status_code)
+    raise error_from_body(body, response.status)
 
 
-async def post_json(client: httpx.AsyncClient, url: str, body: Any = None, **kwargs: Any) -> Any:
+async def post_json(client: aiohttp.ClientSession, url: str, body: Any = None, **kwargs: Any) -> Any:
     """POST and return the decoded JSON answer (None for an empty one); errors as engine errors."""
     with http_errors(url):
-        response = await client.post(url, json=body, **kwargs)
-        await raise_for_status(response)
-    return answer_json(response, url)
+        async with client.post(url, json=body, **kwargs) as response:
+            await raise_for_status(response)
+            raw = await response.read()
+    return answer_json(raw, url)
 
 
-async def get_json(client: httpx.AsyncClient, url: str) -> Any:
+async def get_json(client: aiohttp.ClientSession, url: str) -> Any:
     with http_errors(url):
-        response = await client.get(url)
-        await raise_for_status(response)
-    return answer_json(response, url)
+        async with client.get(url) as response:
+            await raise_for_status(response)
+            raw = await response.read()
+    return answer_json(raw, url)
 
 
-def answer_json(response: httpx.Response, url: str) -> Any:
-    if not response.content.strip():
+def answer_json(raw: bytes, url: str) -> Any:
+    if not raw.strip():
         return None
     try:
-        return response.json()
-    except json.JSONDecodeError as exc:
-        raise ServerError(f"{url} answered with something other than JSON: {response.text[:200]!r}") from exc
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        text = raw[:200].decode(errors="replace")
+        raise ServerError(f"{url} answered with something other than JSON: {text!r}") from exc
 
 
-async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
-    """The `data:` payload of each server-sent event (`[DONE]` included), read line by line."""
+async def sse_data(chunks: AsyncIterable[bytes]) -> AsyncIterator[str]:
+    """The `data:` payload of each server-sent event (`[DONE]` included) in a byte stream.
+
+    Lines are split here, not by the HTTP client: an event with every logprob so far can be
+    longer than a client's line limit.
+    """
+    pending = bytearray()
     lines: list[str] = []
-    async for line in response.aiter_lines():
+
+    def complete(raw: bytes) -> str | None:
+        line = raw.rstrip(b"\r").decode()
         if line.startswith("data:"):
             lines.append(line[5:].lstrip())
         elif not line and lines:
-            yield "\n".join(lines)
-            lines = []
+            event = "\n".join(lines)
+            lines.clear()
+            return event
+        return None
+
+    async for chunk in chunks:
+        pending += chunk
+        if b"\n" not in chunk:
+            continue
+        *done, rest = pending.split(b"\n")
+        pending = bytearray(rest)
+        for raw in done:
+            event = complete(raw)
+            if event is not None:
+                yield event
+    if pending:
+        complete(bytes(pending))
     if lines:
         yield "\n".join(lines)
 

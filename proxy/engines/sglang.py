@@ -25,7 +25,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 
 from proxy.config import EngineConfig
 from proxy.engines.base import (
@@ -54,6 +55,7 @@ from proxy.engines.pool import (
 )
 
 log = logging.getLogger(__name__)
+JSON = {"content-type": "application/json"}
 
 
 def build_generate_request(
@@ -199,7 +201,7 @@ class SGLangEngine:
         self.cfg = cfg
         self.pool = ServerPool(cfg.urls, retries=cfg.retries, dead_after_s=cfg.retry_dead_after_s)
         self._versions = WeightVersions()
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._info: ModelInfo | None = None
         self._update_lock = asyncio.Lock()
 
@@ -214,7 +216,7 @@ class SGLangEngine:
         return self._info
 
     @property
-    def _http(self) -> httpx.AsyncClient:
+    def _http(self) -> aiohttp.ClientSession:
         if self._client is None:
             raise EngineUnavailable("the SGLang engine is not started")
         return self._client
@@ -240,10 +242,10 @@ class SGLangEngine:
             for path in ("/model_info", "/get_model_info"):
                 url = server.url + path
                 with http_errors(url):
-                    response = await self._http.get(url)
-                    if response.status_code != 404:
-                        await raise_for_status(response)
-                        return answer_json(response, url)
+                    async with self._http.get(url) as response:
+                        if response.status != 404:
+                            await raise_for_status(response)
+                            return answer_json(await response.read(), url)
             raise ServerError(f"{server.url} has neither /model_info nor /get_model_info")
         except (ServerError, EngineRequestError) as exc:
             self.pool.mark_failed(server, str(exc))
@@ -277,24 +279,24 @@ class SGLangEngine:
         affinity: str | None = None,
         incremental: bool = True,
     ) -> AsyncIterator[StreamDelta]:
-        payload = build_generate_request(input_ids, params, request_id, stream=incremental)
+        payload = orjson.dumps(build_generate_request(input_ids, params, request_id, stream=incremental))
         client = self._http
 
         async def open_stream(server: Server) -> AsyncIterator[StreamDelta]:
             url = server.url + "/generate"
             if not incremental:  # one JSON answer: cheaper than SSE when nobody watches tokens arrive
                 with http_errors(url):
-                    response = await client.post(url, json=payload)
-                    await raise_for_status(response)
-                    body = response.json()
+                    async with client.post(url, data=payload, headers=JSON) as response:
+                        await raise_for_status(response)
+                        body = answer_json(await response.read(), url)
                 yield parse_generate_body(body, self._versions, top_logprobs=params.top_logprobs)
                 return
             decoder = StreamDecoder(self._versions, top_logprobs=params.top_logprobs)
             with http_errors(url):
-                async with client.stream("POST", url, json=payload) as response:
+                async with client.post(url, data=payload, headers=JSON) as response:
                     await raise_for_status(response)
                     done = False
-                    async for data in sse_data(response):
+                    async for data in sse_data(response.content.iter_any()):
                         if done:
                             continue  # read to the end so the connection returns to the pool
                         if data == "[DONE]":
@@ -348,5 +350,5 @@ class SGLangEngine:
     async def stop(self) -> None:
         """Close the connections; SGLang aborts the requests whose streams were closed."""
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
             self._client = None

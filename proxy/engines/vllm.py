@@ -28,7 +28,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 
 from proxy.config import EngineConfig
 from proxy.engines.base import (
@@ -189,7 +190,7 @@ class VLLMEngine:
         self.cfg = cfg
         self.pool = ServerPool(cfg.urls, retries=cfg.retries, dead_after_s=cfg.retry_dead_after_s)
         self._versions = WeightVersions()
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._info: ModelInfo | None = None
         self._model: str | None = None  # the served model id requests name
         self._update_lock = asyncio.Lock()
@@ -205,7 +206,7 @@ class VLLMEngine:
         return self._info
 
     @property
-    def _http(self) -> httpx.AsyncClient:
+    def _http(self) -> aiohttp.ClientSession:
         if self._client is None:
             raise EngineUnavailable("the vLLM engine is not started")
         return self._client
@@ -252,17 +253,17 @@ class VLLMEngine:
         affinity: str | None = None,
         incremental: bool = True,  # vLLM is always streamed: its per-token version spans come last
     ) -> AsyncIterator[StreamDelta]:
-        payload = build_completion_request(input_ids, params, request_id, self._model)
+        payload = orjson.dumps(build_completion_request(input_ids, params, request_id, self._model))
         client = self._http
 
         async def open_stream(server: Server) -> AsyncIterator[StreamDelta]:
             decoder = CompletionDecoder(self._versions, top_logprobs=params.top_logprobs)
             url = server.url + "/v1/completions"
             with http_errors(url):
-                async with client.stream("POST", url, json=payload) as response:
+                async with client.post(url, data=payload, headers={"content-type": "application/json"}) as response:
                     await raise_for_status(response)
                     done = False
-                    async for data in sse_data(response):
+                    async for data in sse_data(response.content.iter_any()):
                         if done:
                             continue  # read to the end so the connection returns to the pool
                         if data == "[DONE]":
@@ -304,5 +305,5 @@ class VLLMEngine:
     async def stop(self) -> None:
         """Close the connections; vLLM aborts the requests whose streams were closed."""
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
             self._client = None

@@ -49,7 +49,9 @@ async def create(client: anthropic.AsyncAnthropic, streamed: bool, **kwargs) -> 
         return await stream.get_final_message()
 
 
-async def episode(session: dict, tool: str, question: str, streamed: bool) -> list[anthropic.types.Message]:
+async def episode(
+    session: dict, tool: str, question: str, streamed: bool, temperature: float = 0
+) -> list[anthropic.types.Message]:
     base_url = session["base_url"].removesuffix("/v1")
     client = anthropic.AsyncAnthropic(base_url=base_url, api_key=session["api_key"], max_retries=0)
     messages: list[dict] = [{"role": "user", "content": question}]
@@ -66,7 +68,7 @@ async def episode(session: dict, tool: str, question: str, streamed: bool) -> li
                 tools=TOOLS,
                 tool_choice=tool_choice,
                 max_tokens=26,
-                extra_body={"temperature": 0},
+                extra_body={"temperature": temperature},
             )
             replies.append(reply)
             if reply.stop_reason != "tool_use":
@@ -109,3 +111,24 @@ def test_tool_episodes_are_recorded_as_trees(sqlite_proxy):
         if final.stop_reason != "tool_use":
             text = "".join(b.text for b in final.content if b.type == "text")
             assert nodes[-1]["response"]["content"] == text
+
+
+def test_twenty_sampled_episodes(sqlite_proxy):
+    """20 episodes at once, half streamed, sampled at T=0.7: every call recorded as one token-exact chain."""
+    proxy = sqlite_proxy
+    plan = [("add" if i % 2 else "multiply", f"What is {10 + i} and {i % 7 + 2}?", i % 2 == 0) for i in range(20)]
+    sessions = [proxy.new_session(task_id=f"anthropic-sampled-{i}") for i in range(len(plan))]
+
+    async def episodes():
+        return await asyncio.gather(*(episode(s, *p, temperature=0.7) for s, p in zip(sessions, plan)))
+
+    results = asyncio.run(episodes())
+    for session, replies in zip(sessions, results):
+        nodes = episode_nodes(proxy, session)
+        assert_chain(nodes, len(replies))
+        assert [n["id"] for n in nodes] == [r.id for r in replies], "every call the client made is recorded"
+        for reply, child in zip(replies, nodes[1:]):  # a reply is followed by a call only after tool_use
+            uses = [b.id for b in reply.content if b.type == "tool_use"]
+            sent = [m["tool_call_id"] for m in child["messages"] if m["role"] == "tool"]
+            assert uses and sent[-len(uses) :] == uses, "each tool_result went back on its id"
+    assert sum(len(r) >= 2 for r in results) >= len(plan) // 2, "most forced first calls are tool calls"

@@ -36,8 +36,9 @@ async def conversation(session: dict, first: str, second: str) -> list[str]:
     return replies
 
 
-async def tool_step(session: dict, tool, question: str):
-    model = session_model(session["base_url"], session["api_key"], model_config=forced(tool.__name__))
+async def tool_step(session: dict, tool, question: str, temperature: float = 0):
+    config = {**forced(tool.__name__), "temperature": temperature}
+    model = session_model(session["base_url"], session["api_key"], model_config=config)
     agent = ChatAgent(
         system_message="You are a calculator. Use the tools.",
         model=model,
@@ -78,6 +79,30 @@ def test_chat_agent_episodes_are_recorded_as_trees(sqlite_proxy):
         echoed, tool_message = nodes[1]["messages"][-2:]
         assert echoed["tool_calls"][0]["id"] == first_call["id"]
         assert tool_message == {"role": "tool", "tool_call_id": first_call["id"], "content": str(expected)}
+
+
+def test_twenty_sampled_tool_episodes(sqlite_proxy):
+    """20 ChatAgent tool episodes at once, sampled at T=0.7: every call recorded as one token-exact chain."""
+    proxy = sqlite_proxy
+    plan = [(add if i % 2 else multiply, f"What is {10 + i} and {i % 7 + 2}?") for i in range(20)]
+    sessions = [proxy.new_session(task_id=f"camel-sampled-{i}") for i in range(len(plan))]
+
+    async def episodes():
+        return await asyncio.gather(*(tool_step(s, tool, q, temperature=0.7) for s, (tool, q) in zip(sessions, plan)))
+
+    results = asyncio.run(episodes())
+    with_tools = 0
+    for session, response in zip(sessions, results):
+        nodes = episode_nodes(proxy, session)
+        records = response.info["tool_calls"]
+        assert_chain(nodes, len(nodes))
+        assert len(records) <= len(nodes) <= len(records) + 1, "one call per tool turn, and the final answer"
+        for record, node, child in zip(records, nodes, nodes[1:]):
+            assert record.tool_call_id == node["response"]["tool_calls"][0]["id"]
+            sent = [m for m in child["messages"] if m["role"] == "tool"][-1]
+            assert sent["tool_call_id"] == record.tool_call_id
+        with_tools += bool(records)
+    assert with_tools >= len(plan) // 2, "most forced first calls are tool calls"
 
 
 def test_offline_token_counter(tokenizer):

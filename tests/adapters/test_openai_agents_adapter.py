@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from agents import Runner
+from agents import Agent, ModelSettings, Runner
 from agents.tracing.processors import default_exporter, default_processor
 
 from adapters.openai_agents import session_model, session_run_config
@@ -58,11 +58,18 @@ def trace_sink() -> Iterator[list[str]]:
         server.shutdown()
 
 
-async def episode(session: dict, api: str, binding: str, tool: str, question: str):
-    agent = AGENTS[tool]
+async def episode(session: dict, api: str, binding: str, tool: str, question: str, agent: Agent | None = None):
+    agent = agent or AGENTS[tool]
     base_url, key = session["base_url"], session["api_key"]
     if binding == "run_config":
         return await Runner.run(agent, question, max_turns=4, run_config=session_run_config(base_url, key, api=api))
+    if binding == "streamed":
+        result = Runner.run_streamed(
+            agent, question, max_turns=4, run_config=session_run_config(base_url, key, api=api)
+        )
+        async for _ in result.stream_events():
+            pass
+        return result
     bound = agent.clone(model=session_model(base_url, key, api=api))
     return await Runner.run(bound, question, max_turns=4)
 
@@ -100,3 +107,53 @@ def test_model_names_must_be_slash_free():
         "http://127.0.0.1:9/v1", "k", api="chat_completions", model="smollm2", workflow_name="w"
     )
     assert config.tracing_disabled and config.model == "smollm2" and config.workflow_name == "w"
+
+
+def test_twenty_sampled_episodes_per_api_style(sqlite_proxy, trace_sink):
+    """20 episodes in Responses mode (half streamed) and 20 in Chat Completions mode, sampled, at once.
+
+    Sampling at T=0.7 makes some replies malformed or chatty; whatever the model wrote, every
+    call the SDK made must be recorded, in one token-exact chain per episode, and every tool
+    result the SDK produced must be what the next recorded call was sent.
+    """
+    proxy = sqlite_proxy
+    plan = [("responses", "streamed" if i % 2 else "run_config") for i in range(20)]
+    plan += [("chat_completions", "run_config" if i % 2 else "model") for i in range(20)]
+    sessions = [proxy.new_session(task_id=f"agents-sampled-{i}") for i in range(len(plan))]
+    sampled = {
+        tool: agent.clone(model_settings=agent.model_settings.resolve(ModelSettings(temperature=0.7)))
+        for tool, agent in AGENTS.items()
+    }
+
+    async def episodes():
+        return await asyncio.gather(
+            *(
+                episode(
+                    s,
+                    api,
+                    binding,
+                    tool,
+                    f"What is {10 + i} {'plus' if tool == 'add' else 'times'} {i % 7 + 2}?",
+                    sampled[tool],
+                )
+                for i, (s, (api, binding)) in enumerate(zip(sessions, plan))
+                for tool in ["add" if i % 2 else "multiply"]
+            )
+        )
+
+    results = asyncio.run(episodes())
+    tool_turns = 0
+    for session, result, (api, _) in zip(sessions, results, plan):
+        nodes = episode_nodes(proxy, session)
+        assert_chain(nodes, len(result.raw_responses))
+        assert {n["api"] for n in nodes} == {"responses" if api == "responses" else "chat"}
+        if api == "responses":
+            assert [r.response_id for r in result.raw_responses] == [n["id"] for n in nodes]
+        outputs = [i for i in result.new_items if i.type == "tool_call_output_item"]
+        if outputs:
+            tool_turns += 1
+            sent = [m for m in nodes[1]["messages"] if m["role"] == "tool"]
+            assert sent[0]["content"] == str(outputs[0].output), "the tool result the SDK produced was sent on"
+    assert tool_turns >= len(plan) // 2, "most forced first calls are well-formed tool calls"
+    default_processor().force_flush()
+    assert trace_sink == [], "no trace may leave the machine"

@@ -7,7 +7,6 @@ import threading
 import time
 from contextlib import contextmanager
 
-import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
@@ -272,14 +271,18 @@ def test_error_bodies():
     assert isinstance(busy, ServerError) and not busy.dead
 
 
-def test_sse_data_reads_events_line_by_line():
-    raw = b'data: {"a": 1}\n\n: comment\ndata: {"b":\ndata: 2}\n\ndata: [DONE]'
-    response = httpx.Response(200, content=raw)
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_sse_data_reads_events_line_by_line(size):
+    raw = b'data: {"a": 1}\r\n\r\n: comment\ndata: {"b":\ndata: 2}\n\ndata: ' + b"x" * 70_000 + b"\n\ndata: [DONE]"
+
+    async def chunks():  # however the bytes arrive
+        for i in range(0, len(raw), size):
+            yield raw[i : i + size]
 
     async def read():
-        return [d async for d in sse_data(response)]
+        return [d async for d in sse_data(chunks())]
 
-    assert asyncio.run(read()) == ['{"a": 1}', '{"b":\n2}', "[DONE]"]
+    assert asyncio.run(read()) == ['{"a": 1}', '{"b":\n2}', "x" * 70_000, "[DONE]"]
 
 
 # ---- SGLangEngine over real HTTP ----

@@ -50,7 +50,10 @@ lr = 2e-5
 """
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "train", str(config)], cwd=tmp_path, capture_output=True, text=True,
+        [sys.executable, "-m", "proxy.cli", "train", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
         timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -63,6 +63,20 @@ def answer_format(session: SessionView) -> float:
     return 1.0 if end != -1 and text[start:end].strip() else 0.0
 
 
+@reward("tool_call")
+def tool_call(session: SessionView) -> float:
+    """1.0 when the episode made at least one well-formed tool call, else 0.0.
+
+    Well-formed means the proxy parsed it as a call of an offered tool with JSON arguments
+    (a malformed call stays plain text and is not counted). `metadata["tool"]` narrows it to
+    calls of that tool. Meant as a small shaping term next to an outcome reward, e.g.
+    `"math_exact*0.8+tool_call*0.2"`, for a policy that first has to learn to call tools at all.
+    """
+    wanted = session.metadata.get("tool")
+    names = [call.get("function", {}).get("name") for call in session.tool_calls]
+    return 1.0 if any(wanted is None or name == wanted for name in names) else 0.0
+
+
 def _answer_tags(metadata: Mapping[str, object]) -> tuple[str, str]:
     tags = metadata.get("answer_tags", DEFAULT_ANSWER_TAGS)
     valid = (

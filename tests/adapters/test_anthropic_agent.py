@@ -40,6 +40,14 @@ EPISODES = [
 MIN_TOOL_EPISODES = 2
 
 
+def run_tool(block) -> dict:
+    """A tool_result block; arguments the model got wrong go back as an error, as a real agent does."""
+    try:
+        return {"type": "tool_result", "tool_use_id": block.id, "content": str(RUN[block.name](**block.input))}
+    except (KeyError, TypeError) as exc:
+        return {"type": "tool_result", "tool_use_id": block.id, "content": repr(exc), "is_error": True}
+
+
 async def create(client: anthropic.AsyncAnthropic, streamed: bool, **kwargs) -> anthropic.types.Message:
     if not streamed:
         return await client.messages.create(**kwargs)
@@ -73,11 +81,7 @@ async def episode(
             replies.append(reply)
             if reply.stop_reason != "tool_use":
                 break
-            results = [
-                {"type": "tool_result", "tool_use_id": b.id, "content": str(RUN[b.name](**b.input))}
-                for b in reply.content
-                if b.type == "tool_use"
-            ]
+            results = [run_tool(b) for b in reply.content if b.type == "tool_use"]
             messages += [{"role": "assistant", "content": reply.content}, {"role": "user", "content": results}]
             tool_choice = {"type": "auto"}
     finally:

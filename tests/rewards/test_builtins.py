@@ -177,3 +177,33 @@ def test_resolve_reward_builds_and_caches_a_combination(registry: dict) -> None:
         resolve_reward("no_such_reward")
     with pytest.raises(KeyError, match="no_such_reward"):
         resolve_reward("math_exact*0.5+no_such_reward*0.5")
+
+
+def test_tool_call_counts_well_formed_calls_only():
+    call = {"id": "call_1", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "2+3"}'}}
+    first = CompletionView(
+        id="c1",
+        parent_id=None,
+        messages=({"role": "user", "content": "What is 2 + 3?"},),
+        response={"role": "assistant", "content": None, "tool_calls": [call]},
+        finish_reason="tool_calls",
+        created_at=0.0,
+    )
+    second = CompletionView(
+        id="c2",
+        parent_id="c1",
+        messages=(*first.messages, first.response, {"role": "tool", "tool_call_id": "call_1", "content": "5"}),
+        response={"role": "assistant", "content": "The answer is 5."},
+        finish_reason="stop",
+        created_at=1.0,
+    )
+    called = SessionView("s1", "t1", None, "5", {}, (first, second))
+    fn = resolve_reward("tool_call")
+    assert fn(called) == 1.0
+    assert fn(SessionView("s1", "t1", None, "5", {"tool": "calculate"}, (first, second))) == 1.0
+    assert fn(SessionView("s1", "t1", None, "5", {"tool": "search"}, (first, second))) == 0.0
+    malformed = _session('<tool_call>\n{"name": "calculate", "arguments": {"expression": 2 + 3}}</tool_call>', "5")
+    assert fn(malformed) == 0.0, "a call the proxy could not parse stayed text"
+    shaped = resolve_reward("math_exact*0.8+tool_call*0.2")
+    assert shaped(called) == pytest.approx(1.0)
+    assert shaped(_session("The answer is 6.", "5")) == 0.0

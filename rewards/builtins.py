@@ -69,8 +69,10 @@ def tool_call(session: SessionView) -> float:
 
     Well-formed means the proxy parsed it as a call of an offered tool with JSON arguments
     (a malformed call stays plain text and is not counted). `metadata["tool"]` narrows it to
-    calls of that tool. Meant as a small shaping term next to an outcome reward, e.g.
-    `"math_exact*0.8+tool_call*0.2"`, for a policy that first has to learn to call tools at all.
+    calls of that tool. A shaping term for a policy that first has to learn to call tools at
+    all (`"math_exact*0.8+tool_call*0.2"`); on its own it is easy to game (a call with any
+    arguments scores), so prefer partial credit for a tool call that did the right thing where
+    the task allows it, as `examples/openai_agents_calculator/rewards.py` does.
     """
     wanted = session.metadata.get("tool")
     names = [call.get("function", {}).get("name") for call in session.tool_calls]

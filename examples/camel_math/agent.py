@@ -13,7 +13,10 @@ from camel.agents import ChatAgent
 
 from adapters.camel import session_model
 
-SYSTEM = "You are a calculator. Reply in the form: The answer is <number>."
+SYSTEM = (
+    "You are a calculator. Reply in the form: The answer is <number>.\n"
+    "Examples:\nWhat is 23 + 45? The answer is 68.\nWhat is 81 - 36? The answer is 45."
+)
 CONTEXT_WINDOW = 8192  # SmolLM2's; CAMEL trims its memory to fit
 
 

@@ -44,7 +44,7 @@ def plot(name: str, steps: list[dict], out: Path) -> None:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")
-    ax.set_title(f"{name}: SmolLM2-135M-Instruct, GRPO through areal-proxy")
+    ax.set_title(f"{name}: SmolLM2-135M-Instruct, GRPO through areal-proxy", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
 

@@ -145,6 +145,7 @@ class Trainer:
                 )
             self.metrics.close()
             self.db.close()
+            self.sync.discard()
         return 0
 
     def _done(self) -> bool:

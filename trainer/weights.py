@@ -8,6 +8,7 @@ steps and bumps its version; only the newest two directories are kept.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
@@ -36,11 +37,19 @@ def write_weights(model: Any, target: Path) -> None:
     tmp.rename(target)
 
 
+SHM_ROOT = Path("/dev/shm/areal-proxy")
+
+
 def default_weights_dir(run_dir: Path, local_engine: bool) -> Path:
-    """Shared memory when the engine is on this machine (a push is a memory copy), else the run dir."""
-    shm = Path("/dev/shm")
-    if local_engine and shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / "areal-proxy" / f"{run_dir.resolve().name}-{abs(hash(str(run_dir.resolve()))) % 10**8}"
+    """Shared memory when the engine is on this machine (a push is a memory copy), else the run dir.
+
+    The shared-memory folder is named after the run directory (stably, so a resumed trainer
+    reuses it) and removed when the trainer exits: it lives in RAM until the machine reboots.
+    """
+    if local_engine and SHM_ROOT.parent.is_dir() and os.access(SHM_ROOT.parent, os.W_OK):
+        resolved = run_dir.resolve()
+        digest = hashlib.blake2b(str(resolved).encode(), digest_size=4).hexdigest()
+        return SHM_ROOT / f"{resolved.name}-{digest}"
     return run_dir / "weights"
 
 
@@ -81,3 +90,8 @@ class WeightSync:
         for old in sorted(p for p in self.root.iterdir() if p.name.startswith("v"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
         return time.perf_counter() - started
+
+    def discard(self) -> None:
+        """Free the pushed weights held in shared memory (the engine has loaded them already)."""
+        if SHM_ROOT.resolve() in self.root.resolve().parents:
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, select
 
 from proxy.store.schema import sessions
 from tests.conftest import REPO
+from trainer.weights import default_weights_dir
 
 
 def write_config(tmp: Path, **trainer) -> Path:
@@ -78,6 +79,9 @@ def test_smoke_run_exits_zero(tmp_path):
     assert proc.returncode == 0, out[-3000:]
     assert steps_done(tmp_path / "run") == 2
     assert (tmp_path / "run" / "checkpoints").is_dir()
+    shm = default_weights_dir(tmp_path / "run", local_engine=True)
+    if shm != tmp_path / "run" / "weights":  # a local engine gets its weights through /dev/shm
+        assert not shm.exists(), "the pushed weights held in shared memory are freed when the trainer exits"
 
 
 def test_sigkill_mid_run_then_resume(tmp_path):

@@ -34,7 +34,8 @@ from proxy.config import Config
 from proxy.store.db import Database
 from proxy.store.schema import sessions
 from trainer.loop import proxy_url
-from trainer.metrics import read_metrics
+from trainer.metrics import progress_rows
+from trainer.processes import stop_process
 
 
 def _free_port() -> int:
@@ -87,15 +88,7 @@ class Children:
         return proc
 
     def stop(self, name: str, timeout: float = 60) -> int | None:
-        proc = self.procs.get(name)
-        if proc is None or proc.poll() is not None:
-            return proc.returncode if proc else None
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+        return stop_process(self.procs.get(name), timeout)
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
@@ -111,21 +104,11 @@ def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 6
 
 
 def progress_table(cfg: Config, run_dir: Path, runner: EpisodeRunner, started: float) -> Table:
-    rows = read_metrics(run_dir)
-    steps = [r for r in rows if "reward_mean" in r]
-    last = steps[-1] if steps else {}
-    recent = steps[-10:]
     table = Table(title=f"areal-proxy train — {run_dir}", show_header=False, min_width=60)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("step", f"{last.get('step', 0)}" + (f" / {cfg.trainer.max_steps}" if cfg.trainer.max_steps else ""))
-    table.add_row("policy version", str(last.get("version", 0)))
-    if recent:
-        table.add_row("reward mean (last 10 steps)", f"{sum(r['reward_mean'] for r in recent) / len(recent):.3f}")
-        table.add_row("accuracy (last 10 steps)", f"{sum(r['accuracy'] for r in recent) / len(recent):.3f}")
-        table.add_row("staleness mean / max", f"{last['staleness_mean']:.2f} / {last['staleness_max']}")
-        table.add_row("samples/s (train)", f"{last['samples_per_s']:.1f}")
-        table.add_row("loss / grad norm", f"{last.get('loss', 0):.4f} / {last.get('grad_norm', 0):.3f}")
+    for row in progress_rows(run_dir, cfg.trainer.max_steps):
+        table.add_row(*row)
     s = runner.stats
     elapsed = max(time.time() - started, 1e-6)
     table.add_row("episodes finished / failed", f"{s.episodes_finished} / {s.episodes_failed}")

@@ -45,3 +45,23 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue  # a line being written
     return rows
+
+
+def progress_rows(run_dir: Path, max_steps: int) -> list[tuple[str, str]]:
+    """The training half of a launcher's live table: step, version, recent reward and loss."""
+    steps = [r for r in read_metrics(run_dir) if "reward_mean" in r]
+    last = steps[-1] if steps else {}
+    recent = steps[-10:]
+    rows = [
+        ("step", f"{last.get('step', 0)}" + (f" / {max_steps}" if max_steps else "")),
+        ("policy version", str(last.get("version", 0))),
+    ]
+    if recent:
+        rows += [
+            ("reward mean (last 10 steps)", f"{sum(r['reward_mean'] for r in recent) / len(recent):.3f}"),
+            ("accuracy (last 10 steps)", f"{sum(r['accuracy'] for r in recent) / len(recent):.3f}"),
+            ("staleness mean / max", f"{last['staleness_mean']:.2f} / {last['staleness_max']}"),
+            ("samples/s (train)", f"{last['samples_per_s']:.1f}"),
+            ("loss / grad norm", f"{last.get('loss', 0):.4f} / {last.get('grad_norm', 0):.3f}"),
+        ]
+    return rows

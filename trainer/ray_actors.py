@@ -28,6 +28,8 @@ from typing import Any
 
 import httpx
 
+from trainer.processes import stop_process
+
 LOG_CHUNK = 1 << 20
 
 
@@ -147,15 +149,7 @@ class ProcessActor:
         return read_chunk(self.log, offset)
 
     def stop(self, timeout: float = 60) -> int | None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return proc.returncode if proc else None
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+        return stop_process(self.proc, timeout)
 
 
 def shard(tasks: list[dict[str, Any]], k: int, n: int) -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ from rich.table import Table
 
 from proxy.config import Config, ConfigError
 from proxy.store.db import is_sqlite
-from trainer.metrics import read_metrics
+from trainer.metrics import progress_rows
 
 FORWARDED_ENV = re.compile(r"^(HF_|HUGGINGFACE_|TRANSFORMERS_|AREAL_|TOKENIZERS_PARALLELISM$|OPENAI_AGENTS_)")
 
@@ -318,17 +318,11 @@ class Cluster:
 
 
 def progress_table(cluster: Cluster, started: float) -> Table:
-    cfg, run_dir = cluster.cfg, cluster.run_dir
-    steps = [r for r in read_metrics(run_dir) if "reward_mean" in r]
-    last, recent = (steps[-1] if steps else {}), steps[-10:]
-    table = Table(title=f"areal-proxy train (ray) — {run_dir}", show_header=False, min_width=60)
+    table = Table(title=f"areal-proxy train (ray) — {cluster.run_dir}", show_header=False, min_width=60)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("step", f"{last.get('step', 0)}" + (f" / {cfg.trainer.max_steps}" if cfg.trainer.max_steps else ""))
-    table.add_row("policy version", str(last.get("version", 0)))
-    if recent:
-        table.add_row("reward mean (last 10 steps)", f"{sum(r['reward_mean'] for r in recent) / len(recent):.3f}")
-        table.add_row("staleness mean / max", f"{last['staleness_mean']:.2f} / {last['staleness_max']}")
+    for row in progress_rows(cluster.run_dir, cluster.cfg.trainer.max_steps):
+        table.add_row(*row)
     stats = cluster.runner_stats.values()
     finished = sum(s.get("episodes_finished", 0) for s in stats)
     failed = sum(s.get("episodes_failed", 0) for s in stats)

@@ -7,6 +7,10 @@ with its parent's exact prompt and sampled ids.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
 import pytest
 
 
@@ -80,3 +84,33 @@ def tokenizer():
     from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy"))
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    received: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.received.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def trace_sink() -> Iterator[list[str]]:
+    """The Agents SDK's tracing exporter pointed at a local recorder: whatever it would upload lands here."""
+    from agents.tracing.processors import default_exporter
+
+    server = HTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    exporter = default_exporter()
+    original = exporter.endpoint
+    exporter.endpoint = f"http://127.0.0.1:{server.server_port}/v1/traces/ingest"
+    _Recorder.received = []
+    try:
+        yield _Recorder.received
+    finally:
+        exporter.endpoint = original
+        server.shutdown()

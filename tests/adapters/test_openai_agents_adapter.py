@@ -9,13 +9,10 @@ with token-exact turns, in the API style it asked for, and no trace may leave th
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from agents import Agent, ModelSettings, Runner
-from agents.tracing.processors import default_exporter, default_processor
+from agents.tracing.processors import default_processor
 
 from adapters.openai_agents import session_model, session_run_config
 from tests.adapters.conftest import assert_chain, calculator, episode_nodes
@@ -28,34 +25,6 @@ EPISODES = [
     ("responses", "model", "multiply", "Multiply 3 by 8.", 24),
     ("chat_completions", "model", "add", "Add 5 and 9.", 14),
 ]
-
-
-class _Recorder(BaseHTTPRequestHandler):
-    received: list[str] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        self.received.append(self.path)
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-@pytest.fixture
-def trace_sink() -> Iterator[list[str]]:
-    """The tracing exporter pointed at a local recorder: whatever it would upload lands here."""
-    server = HTTPServer(("127.0.0.1", 0), _Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    exporter = default_exporter()
-    original = exporter.endpoint
-    exporter.endpoint = f"http://127.0.0.1:{server.server_port}/v1/traces/ingest"
-    _Recorder.received = []
-    try:
-        yield _Recorder.received
-    finally:
-        exporter.endpoint = original
-        server.shutdown()
 
 
 async def episode(session: dict, api: str, binding: str, tool: str, question: str, agent: Agent | None = None):

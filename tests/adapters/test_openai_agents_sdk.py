@@ -11,13 +11,11 @@ tool in `ModelSettings.tool_choice`, which the SDK applies to the first call onl
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from agents import Agent, Runner, set_default_openai_api
-from agents.tracing.processors import default_exporter, default_processor
+from agents.tracing.processors import default_processor
 
 from tests.adapters.conftest import calculator
 
@@ -30,40 +28,12 @@ EPISODES = [
 ]
 
 
-class _Recorder(BaseHTTPRequestHandler):
-    received: list[str] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        self.received.append(self.path)
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def event_loop_for_sdk() -> Iterator[asyncio.AbstractEventLoop]:
     """One loop for every run: the SDK shares one HTTP client per process, bound to the first loop."""
     loop = asyncio.new_event_loop()
     yield loop
     loop.close()
-
-
-@pytest.fixture
-def trace_sink() -> Iterator[list[str]]:
-    """The tracing exporter pointed at a local recorder: whatever it would upload lands here."""
-    server = HTTPServer(("127.0.0.1", 0), _Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    exporter = default_exporter()
-    original = exporter.endpoint
-    exporter.endpoint = f"http://127.0.0.1:{server.server_port}/v1/traces/ingest"
-    _Recorder.received = []
-    try:
-        yield _Recorder.received
-    finally:
-        exporter.endpoint = original
-        server.shutdown()
 
 
 async def run_episode(agent: Agent, question: str, streamed: bool):

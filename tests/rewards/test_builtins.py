@@ -207,3 +207,30 @@ def test_tool_call_counts_well_formed_calls_only():
     shaped = resolve_reward("math_exact*0.8+tool_call*0.2")
     assert shaped(called) == pytest.approx(1.0)
     assert shaped(_session("The answer is 6.", "5")) == 0.0
+
+
+def test_calculator_example_reward(registry):
+    """The calculator examples' reward module: 1.0 right answer, 0.3 only the tool result right."""
+    from rewards.registry import load_modules
+    from tests.conftest import REPO
+
+    assert "calculator" in load_modules([str(REPO / "examples/openai_agents_calculator/rewards.py")])
+    fn = get_reward("calculator")
+
+    def episode(tool_result: str, answer: str) -> SessionView:
+        call = {"id": "call_1", "type": "function", "function": {"name": "calculate", "arguments": "{}"}}
+        asked = ({"role": "user", "content": "What is 27 + 19?"},)
+        first = CompletionView(
+            "c1", None, asked, {"role": "assistant", "content": None, "tool_calls": [call]}, "tool_calls", 0.0
+        )
+        tool = {"role": "tool", "tool_call_id": "call_1", "content": tool_result}
+        second = CompletionView(
+            "c2", "c1", (*asked, first.response, tool), {"role": "assistant", "content": answer}, "stop", 1.0
+        )
+        return SessionView("s1", "t1", None, "46", {}, (first, second))
+
+    assert fn(episode("46", "The answer is 46.")) == 1.0
+    assert fn(episode("46", "The answer is 27.")) == 0.3
+    assert fn(episode("27", "The answer is 27.")) == 0.0
+    with pytest.raises(ValueError):
+        fn(SessionView("s1", "t1", None, None, {}, ()))

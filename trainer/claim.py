@@ -33,45 +33,64 @@ def _group_key(row) -> str:  # noqa: ANN001
     return row.group_id or row.task_id or row.id
 
 
-def claim_batch(
-    conn: Connection, *, step: int, batch_size: int, current_version: int, max_staleness: int, scan: int = 0
-) -> Claim:
-    """Claim complete groups totalling at least `batch_size` sessions, or nothing."""
+def _scan(conn: Connection, limit: int) -> tuple[list, set[str]]:
+    """The `limit` earliest-finished unclaimed sessions (locked on PostgreSQL) and the
+    groups among them that cannot be claimed whole yet."""
     query = (
         select(sessions.c.id, sessions.c.group_id, sessions.c.task_id, sessions.c.min_version, sessions.c.finished_at)
         .where(sessions.c.status == "finished", sessions.c.auto.is_(False))
         .order_by(sessions.c.finished_at, sessions.c.id)
-        .limit(scan or batch_size * 8)
+        .limit(limit)
     )
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
     rows = conn.execute(query).all()
-    groups: OrderedDict[str, list] = OrderedDict()
-    for row in rows:
-        groups.setdefault(_group_key(row), []).append(row)
-    named = [g for g in groups if g in {r.group_id for r in rows if r.group_id}]
-    still_open = set()
+    named = {r.group_id for r in rows if r.group_id}
+    incomplete: set[str] = set()
     if named:
-        open_query = (
-            select(sessions.c.group_id)
-            .where(sessions.c.status == "open", sessions.c.group_id.in_(named))
-            .group_by(sessions.c.group_id)
+        # A group is claimable only when none of its sessions is open and every finished
+        # one is among the rows held here: the scan's LIMIT, a row another trainer has
+        # locked (SKIP LOCKED) or a session that finished after the scan would otherwise
+        # split a group across steps.
+        held = {r.id for r in rows}
+        members = select(sessions.c.id, sessions.c.group_id, sessions.c.status).where(
+            sessions.c.group_id.in_(named),
+            sessions.c.status.in_(("open", "finished")),
+            sessions.c.auto.is_(False),
         )
-        still_open = {r.group_id for r in conn.execute(open_query)}
-    claim = Claim()
+        for member in conn.execute(members):
+            if member.status == "open" or member.id not in held:
+                incomplete.add(member.group_id)
+    return rows, incomplete
+
+
+def claim_batch(
+    conn: Connection, *, step: int, batch_size: int, current_version: int, max_staleness: int, scan: int = 0
+) -> Claim:
+    """Claim complete groups totalling at least `batch_size` sessions, or nothing."""
     floor = current_version - max_staleness
-    taken = 0
-    for key, members in groups.items():
-        if key in still_open:
-            continue
-        for row in members:
-            if row.min_version is not None and row.min_version < floor:
-                claim.dropped_stale.append(row.id)
-            else:
-                claim.session_ids.append(row.id)
-                taken += 1
-        if taken >= batch_size:
+    limit = scan or batch_size * 8
+    while True:
+        rows, incomplete = _scan(conn, limit)
+        groups: OrderedDict[str, list] = OrderedDict()
+        for row in rows:
+            groups.setdefault(_group_key(row), []).append(row)
+        claim = Claim()
+        taken = 0
+        for key, members in groups.items():
+            if key in incomplete:
+                continue
+            for row in members:
+                if row.min_version is not None and row.min_version < floor:
+                    claim.dropped_stale.append(row.id)
+                else:
+                    claim.session_ids.append(row.id)
+                    taken += 1
+            if taken >= batch_size:
+                break
+        if taken >= batch_size or len(rows) < limit:
             break
+        limit *= 4  # the window held only part of some groups: look further
     if taken < batch_size:
         # Not enough for a step yet: still drop what is stale, claim nothing else.
         claim.session_ids = []

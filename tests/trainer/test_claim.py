@@ -100,16 +100,45 @@ def test_two_trainers_never_claim_the_same_session(db):
     for i in range(40):
         add_sessions(db, f"g{i}", ["finished"] * 2)
     taken: list[list[str]] = [[], []]
+    errors: list[BaseException] = []
 
     def trainer(k: int) -> None:
-        for step in range(1, 30):
+        try:
+            race(k)
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
+            errors.append(exc)
+
+    def race(k: int) -> None:
+        for step in range(1, 200):  # a claim may come back empty while the other holds the locks
+            if db.read(trained_count)["finished"] == 0:
+                return
             got = claim(db, step=step, batch=2)
             taken[k].extend(got.session_ids)
+            if got.session_ids:
+                assert len({sid.split("-")[1] for sid in got.session_ids}) == 1, "one whole group per step"
 
     threads = [threading.Thread(target=trainer, args=(k,)) for k in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    assert not errors, errors
     assert not set(taken[0]) & set(taken[1])
     assert len(taken[0]) + len(taken[1]) == 80
+
+
+def test_a_group_cut_by_the_scan_window_waits_until_it_fits(db):
+    # g0's last member finished after 40 sessions of other groups: a scan of the first
+    # batch*8 rows holds only part of g0 and must not train that part on its own.
+    first = add_sessions(db, "g0", ["finished"] * 3)
+    others = [add_sessions(db, f"h{i}", ["finished"] * 4) for i in range(10)]
+    last = add_sessions(db, "g0", ["finished"])
+    got = claim(db, step=1, batch=4)
+    assert set(got.session_ids) == set(others[0]), "g0 is incomplete in the window: the next whole group is taken"
+    # Nothing claimable except by widening the window past the other groups.
+    for step in range(2, 12):
+        claim(db, step=step, batch=4)
+    rows = db.read(lambda c: c.execute(sessions.select().where(sessions.c.group_id == "g0")).all())
+    steps = {r.consumed_step for r in rows}
+    assert len(steps) == 1 and None not in steps, f"g0 trained whole, in one step: {steps}"
+    assert {r.id for r in rows} == set(first) | set(last)

@@ -9,6 +9,11 @@ proxy (`finish` with the session's reward function); an agent that raises, exits
 non-zero or times out ends its session as failed without stopping the run. A 429
 from admission control is retried after its Retry-After. Progress (tasks
 started) is saved so a restarted run continues where it stopped.
+
+With `hard_group_size` set, a task whose whole group earned no reward is queued
+to run once more, ahead of new tasks, as one larger group: with a success rate of
+a few percent a group of 8 rarely holds the single success that GRPO needs to
+learn anything from a prompt, and a group of 32 often does.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import logging
 import os
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +45,7 @@ class RunnerStats:
     episodes_finished: int = 0
     episodes_failed: int = 0
     admission_waits: int = 0
+    hard_groups: int = 0
     reward_sum: float = 0.0
     recent_rewards: list[float] = field(default_factory=list)
 
@@ -70,6 +77,9 @@ class EpisodeRunner:
         self.agent = None if self.command else (spec if callable(spec) else load_agent(spec))
         self.stats = RunnerStats()
         self._open: set[str] = set()
+        # group id -> [sessions not yet ended, best reward so far, task, epoch, is a retry]
+        self._groups: dict[str, list] = {}
+        self._hard: deque[tuple[dict[str, Any], int]] = deque()
         self.stats.tasks_started = self._saved_position()
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), headers=self.headers)
 
@@ -94,29 +104,44 @@ class EpisodeRunner:
         random.Random(self.cfg.seed).shuffle(order)
         try:
             while not stop.is_set():
-                n = self.stats.tasks_started
-                if self.cfg.max_tasks and n >= self.cfg.max_tasks:
-                    break
-                if not self.tasks:
-                    break
-                task = self.tasks[order[n % len(order)]]
-                epoch = n // len(order)
+                retry = bool(self._hard)
+                if retry:
+                    task, epoch = self._hard.popleft()
+                    size = self.cfg.hard_group_size
+                else:
+                    n = self.stats.tasks_started
+                    if self.cfg.max_tasks and n >= self.cfg.max_tasks:
+                        if not running:
+                            break
+                        await _first_done(running, stop)  # a group that ends may queue a retry
+                        continue
+                    if not self.tasks:
+                        break
+                    task = self.tasks[order[n % len(order)]]
+                    epoch = n // len(order)
+                    size = self.cfg.group_size
                 # one group waits for free slots so it starts together
-                for _ in range(self.cfg.group_size):
+                for _ in range(size):
                     await slots.acquire()
                 try:
-                    group = await self._create_group(task, epoch, stop)
+                    group = await self._create_group(task, epoch, stop, size, retry)
                 except BaseException:
-                    for _ in range(self.cfg.group_size):
+                    for _ in range(size):
                         slots.release()
                     raise
                 if group is None:
-                    for _ in range(self.cfg.group_size):
+                    for _ in range(size):
                         slots.release()
                     break
-                self.stats.tasks_started += 1
-                self._save_position()
+                if retry:
+                    self.stats.hard_groups += 1
+                else:
+                    self.stats.tasks_started += 1
+                    self._save_position()
+                key = _group_id(task, epoch, retry)
+                self._groups[key] = [len(group), None, task, epoch, retry]
                 for session in group:
+                    session["group_id"] = key
                     t = asyncio.create_task(self._episode(task, session, slots))
                     running.add(t)
                     t.add_done_callback(running.discard)
@@ -132,11 +157,13 @@ class EpisodeRunner:
             await self._http.aclose()
         return self.stats
 
-    async def _create_group(self, task: dict[str, Any], epoch: int, stop: asyncio.Event) -> list[dict] | None:
+    async def _create_group(
+        self, task: dict[str, Any], epoch: int, stop: asyncio.Event, size: int = 0, retry: bool = False
+    ) -> list[dict] | None:
         body = {
-            "count": self.cfg.group_size,
+            "count": size or self.cfg.group_size,
             "task_id": str(task["id"]),
-            "group_id": f"{task['id']}@{epoch}",
+            "group_id": _group_id(task, epoch, retry),
             "reward_fn": self.cfg.reward_fn or None,
             "reference": task.get("reference"),
             "metadata": task.get("metadata") or {},
@@ -178,10 +205,30 @@ class EpisodeRunner:
             if result and result.get("status") == "finished":
                 self.stats.episodes_finished += 1
                 self.stats.record(result.get("reward"))
+                self._group_reward(session, result.get("reward"))
             else:
                 self.stats.episodes_failed += 1
         finally:
+            self._group_ended(session)
             slots.release()
+
+    def _group_reward(self, session: dict[str, Any], reward: float | None) -> None:
+        group = self._groups.get(session.get("group_id") or "")
+        if group is not None and reward is not None:
+            group[1] = reward if group[1] is None else max(group[1], reward)
+
+    def _group_ended(self, session: dict[str, Any]) -> None:
+        key = session.get("group_id") or ""
+        group = self._groups.get(key)
+        if group is None:
+            return
+        group[0] -= 1
+        if group[0] > 0:
+            return
+        del self._groups[key]
+        _, best, task, epoch, retry = group
+        if self.cfg.hard_group_size and not retry and (best is None or best <= 0):
+            self._hard.append((task, epoch))
 
     async def _call_agent(self, task: dict[str, Any], session: dict[str, Any]) -> None:
         if self.agent is not None:
@@ -231,6 +278,18 @@ class EpisodeRunner:
             log.warning("%s %s: %s %s", action, session_id, r.status_code, r.text[:300])
             return None
         return None
+
+
+def _group_id(task: dict[str, Any], epoch: int, retry: bool) -> str:
+    return f"{task['id']}@{epoch}" + ("+hard" if retry else "")
+
+
+async def _first_done(running: set[asyncio.Task], stop: asyncio.Event) -> None:
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({*running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -186,6 +186,9 @@ class RolloutConfig(Section):
     """Episodes running at once."""
     episode_timeout_s: float = 300.0
     """An episode running longer than this ends its session as failed."""
+    hard_group_size: int = Field(default=0, ge=0)
+    """A task whose whole group earned no reward is run once more, ahead of new tasks, as a
+    group of this many samples, so a hard prompt shows a success to learn from (0: off)."""
     max_tasks: int = 0
     """Stop after this many tasks (0: the whole dataset, cycling until the trainer stops)."""
     seed: int = 0
@@ -266,6 +269,12 @@ class Config(Section):
             raise ValueError(
                 f"rollout.group_size {self.rollout.group_size} must divide trainer.batch_size {self.trainer.batch_size}"
             )
+        for size in (self.rollout.group_size, self.rollout.hard_group_size):
+            if size > self.rollout.concurrency:
+                raise ValueError(
+                    f"a group of {size} starts together: rollout.concurrency "
+                    f"({self.rollout.concurrency}) must be at least that"
+                )
         if self.engine.backend != "local" and not self.engine.urls:
             raise ValueError(f"engine.backend = {self.engine.backend!r} needs engine.urls = [...]")
         return self

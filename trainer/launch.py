@@ -114,6 +114,8 @@ def progress_table(cfg: Config, run_dir: Path, runner: EpisodeRunner, started: f
     table.add_row("episodes finished / failed", f"{s.episodes_finished} / {s.episodes_failed}")
     table.add_row("episodes/s", f"{s.episodes_finished / elapsed:.2f}")
     table.add_row("admission waits", str(s.admission_waits))
+    if cfg.rollout.hard_group_size:
+        table.add_row("retry groups (no reward at first)", str(s.hard_groups))
     table.add_row("elapsed", f"{elapsed:.0f}s")
     return table
 

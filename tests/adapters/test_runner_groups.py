@@ -1,0 +1,55 @@
+"""The episode runner's groups: one group of `group_size` per task and, with `hard_group_size`,
+one larger retry group for a task whose whole group earned nothing — never for one that
+earned something, never twice. Real proxy, real model, a reward that depends only on the task."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import httpx
+from openai import AsyncOpenAI
+
+from adapters.runner import EpisodeRunner
+from proxy.config import RolloutConfig
+from tests.conftest import run_server
+
+REWARDS = """
+from rewards import reward
+
+
+@reward("test_by_reference")
+def by_reference(session) -> float:
+    return 1.0 if session.reference == "easy" else 0.0
+"""
+
+
+async def one_call(task: dict, base_url: str, api_key: str) -> None:
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    try:
+        await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": task["question"]}], max_tokens=2
+        )
+    finally:
+        await client.close()
+
+
+def test_only_tasks_that_earned_nothing_get_one_larger_retry_group(tmp_path: Path):
+    module = tmp_path / "by_reference.py"
+    module.write_text(REWARDS)
+    tasks = [
+        {"id": "e", "question": "Say hi.", "reference": "easy"},
+        {"id": "h", "question": "Say bye.", "reference": "hard"},
+    ]
+    cfg = RolloutConfig(reward_fn="test_by_reference", group_size=2, hard_group_size=3, concurrency=4, max_tasks=2)
+    with run_server(tmp_path, f"sqlite:///{tmp_path}/groups.db", "--rewards", str(module)) as server:
+        runner = EpisodeRunner(cfg, server.url, tasks, agent=one_call)
+        stats = asyncio.run(runner.run())
+        listed = httpx.get(f"{server.url}/sessions", params={"limit": 100}).json()["data"]
+    sizes = Counter(s["group_id"] for s in listed)
+    assert sizes == {"e@0": 2, "h@0": 2, "h@0+hard": 3}, sizes
+    assert all(s["status"] == "finished" for s in listed)
+    rewards = {s["group_id"]: s["reward"] for s in listed}
+    assert rewards == {"e@0": 1.0, "h@0": 0.0, "h@0+hard": 0.0}
+    assert stats.tasks_started == 2 and stats.hard_groups == 1 and stats.episodes_finished == 7

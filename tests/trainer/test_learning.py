@@ -35,7 +35,7 @@ url = "sqlite:///{run_dir}/areal.db"
 dataset = "{REPO}/examples/arithmetic/agent.py:addition_tasks"
 agent = "{REPO}/examples/arithmetic/agent.py:run"
 reward_fn = "math_exact"
-group_size = 8
+group_size = 4
 concurrency = 48
 seed = 0
 [trainer]
@@ -61,8 +61,11 @@ lr = 2e-5
     assert len(steps) == STEPS
     rewards = [s["reward_mean"] for s in steps]
     first, last = sum(rewards[:2]) / 2, sum(rewards[-6:]) / 6
-    # 96 episodes before, 288 after: binomial standard errors ≈ 0.04 and 0.03, so a rise of
-    # 0.15 is over 3 standard errors of the difference. (Measured here: 0.20 → about 0.5.)
+    # Samples of one problem succeed or fail together, so the noise is in the number of
+    # problems: 12 per step (groups of 4), 24 before and 72 after. Problem-level success
+    # rates spread with a standard deviation of about 0.3, so the standard error of the
+    # difference is about 0.07 and a rise of 0.15 is over 2 of them; the rise itself is
+    # larger (see the numbers in the closing note of the trainer issue).
     assert last > first + 0.15, f"reward did not go up: {rewards}"
 
     [checkpoint] = sorted((run_dir / "checkpoints").glob("step_*"))

@@ -56,6 +56,14 @@ class RunnerStats:
         self.recent_rewards = (self.recent_rewards + [reward])[-256:]
 
 
+@dataclass
+class _Group:
+    task: dict[str, Any]
+    retry: bool
+    left: int  # sessions not yet ended
+    earned: bool = False  # some session scored above 0
+
+
 class EpisodeRunner:
     def __init__(
         self,
@@ -77,9 +85,8 @@ class EpisodeRunner:
         self.agent = None if self.command else (spec if callable(spec) else load_agent(spec))
         self.stats = RunnerStats()
         self._open: set[str] = set()
-        # group id -> [sessions not yet ended, best reward so far, task, epoch, is a retry]
-        self._groups: dict[str, list] = {}
-        self._hard: deque[tuple[dict[str, Any], int]] = deque()
+        self._groups: dict[str, _Group] = {}
+        self._hard: deque[tuple[dict[str, Any], str]] = deque()  # (task, group id) to retry
         self.stats.tasks_started = self._saved_position()
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), headers=self.headers)
 
@@ -106,8 +113,8 @@ class EpisodeRunner:
             while not stop.is_set():
                 retry = bool(self._hard)
                 if retry:
-                    task, epoch = self._hard.popleft()
-                    size = self.cfg.hard_group_size
+                    task, first_try = self._hard.popleft()
+                    group_id, size = f"{first_try}+hard", self.cfg.hard_group_size
                 else:
                     n = self.stats.tasks_started
                     if self.cfg.max_tasks and n >= self.cfg.max_tasks:
@@ -118,13 +125,12 @@ class EpisodeRunner:
                     if not self.tasks:
                         break
                     task = self.tasks[order[n % len(order)]]
-                    epoch = n // len(order)
-                    size = self.cfg.group_size
+                    group_id, size = f"{task['id']}@{n // len(order)}", self.cfg.group_size
                 # one group waits for free slots so it starts together
                 for _ in range(size):
                     await slots.acquire()
                 try:
-                    group = await self._create_group(task, epoch, stop, size, retry)
+                    group = await self._create_group(task, group_id, size, stop)
                 except BaseException:
                     for _ in range(size):
                         slots.release()
@@ -138,11 +144,9 @@ class EpisodeRunner:
                 else:
                     self.stats.tasks_started += 1
                     self._save_position()
-                key = _group_id(task, epoch, retry)
-                self._groups[key] = [len(group), None, task, epoch, retry]
+                self._groups[group_id] = _Group(task, retry, left=len(group))
                 for session in group:
-                    session["group_id"] = key
-                    t = asyncio.create_task(self._episode(task, session, slots))
+                    t = asyncio.create_task(self._episode(task, group_id, session, slots))
                     running.add(t)
                     t.add_done_callback(running.discard)
             if running and not stop.is_set():
@@ -158,12 +162,12 @@ class EpisodeRunner:
         return self.stats
 
     async def _create_group(
-        self, task: dict[str, Any], epoch: int, stop: asyncio.Event, size: int = 0, retry: bool = False
+        self, task: dict[str, Any], group_id: str, size: int, stop: asyncio.Event
     ) -> list[dict] | None:
         body = {
-            "count": size or self.cfg.group_size,
+            "count": size,
             "task_id": str(task["id"]),
-            "group_id": _group_id(task, epoch, retry),
+            "group_id": group_id,
             "reward_fn": self.cfg.reward_fn or None,
             "reference": task.get("reference"),
             "metadata": task.get("metadata") or {},
@@ -187,10 +191,13 @@ class EpisodeRunner:
             raise RuntimeError(f"POST /sessions failed: {r.status_code} {r.text}")
         return None
 
-    async def _episode(self, task: dict[str, Any], session: dict[str, Any], slots: asyncio.Semaphore) -> None:
+    async def _episode(
+        self, task: dict[str, Any], group_id: str, session: dict[str, Any], slots: asyncio.Semaphore
+    ) -> None:
         self.stats.episodes_started += 1
         sid = session["session_id"]
         self._open.add(sid)
+        reward = None
         try:
             try:
                 await asyncio.wait_for(self._call_agent(task, session), self.cfg.episode_timeout_s)
@@ -204,31 +211,26 @@ class EpisodeRunner:
             result = await self._end(sid, "finish", {})
             if result and result.get("status") == "finished":
                 self.stats.episodes_finished += 1
-                self.stats.record(result.get("reward"))
-                self._group_reward(session, result.get("reward"))
+                reward = result.get("reward")
+                self.stats.record(reward)
             else:
                 self.stats.episodes_failed += 1
         finally:
-            self._group_ended(session)
             slots.release()
+            self._episode_ended(group_id, reward)
 
-    def _group_reward(self, session: dict[str, Any], reward: float | None) -> None:
-        group = self._groups.get(session.get("group_id") or "")
-        if group is not None and reward is not None:
-            group[1] = reward if group[1] is None else max(group[1], reward)
-
-    def _group_ended(self, session: dict[str, Any]) -> None:
-        key = session.get("group_id") or ""
-        group = self._groups.get(key)
-        if group is None:
+    def _episode_ended(self, group_id: str, reward: float | None) -> None:
+        """Count the group down; queue its retry if it ended without any reward."""
+        group = self._groups.get(group_id)
+        if group is None:  # two tasks with one id share a group; the first to end it counted it
             return
-        group[0] -= 1
-        if group[0] > 0:
-            return
-        del self._groups[key]
-        _, best, task, epoch, retry = group
-        if self.cfg.hard_group_size and not retry and (best is None or best <= 0):
-            self._hard.append((task, epoch))
+        group.left -= 1
+        if reward is not None and reward > 0:
+            group.earned = True
+        if group.left == 0:
+            del self._groups[group_id]
+            if self.cfg.hard_group_size and not group.retry and not group.earned:
+                self._hard.append((group.task, group_id))
 
     async def _call_agent(self, task: dict[str, Any], session: dict[str, Any]) -> None:
         if self.agent is not None:
@@ -278,10 +280,6 @@ class EpisodeRunner:
             log.warning("%s %s: %s %s", action, session_id, r.status_code, r.text[:300])
             return None
         return None
-
-
-def _group_id(task: dict[str, Any], epoch: int, retry: bool) -> str:
-    return f"{task['id']}@{epoch}" + ("+hard" if retry else "")
 
 
 async def _first_done(running: set[asyncio.Task], stop: asyncio.Event) -> None:

@@ -217,6 +217,9 @@ class ServerPool:
 # ---- what both HTTP backends share on the wire ----
 
 
+JSON_HEADERS = {"content-type": "application/json"}  # for bodies posted pre-encoded (`data=orjson.dumps(...)`)
+
+
 def http_client(timeout_s: float) -> aiohttp.ClientSession:
     """One pooled client per engine (created on the running loop); proxy env vars are ignored.
 

@@ -38,6 +38,7 @@ from proxy.engines.base import (
     StreamDelta,
 )
 from proxy.engines.pool import (
+    JSON_HEADERS,
     Server,
     ServerError,
     ServerPool,
@@ -55,7 +56,6 @@ from proxy.engines.pool import (
 )
 
 log = logging.getLogger(__name__)
-JSON = {"content-type": "application/json"}
 
 
 def build_generate_request(
@@ -286,14 +286,14 @@ class SGLangEngine:
             url = server.url + "/generate"
             if not incremental:  # one JSON answer: cheaper than SSE when nobody watches tokens arrive
                 with http_errors(url):
-                    async with client.post(url, data=payload, headers=JSON) as response:
+                    async with client.post(url, data=payload, headers=JSON_HEADERS) as response:
                         await raise_for_status(response)
                         body = answer_json(await response.read(), url)
                 yield parse_generate_body(body, self._versions, top_logprobs=params.top_logprobs)
                 return
             decoder = StreamDecoder(self._versions, top_logprobs=params.top_logprobs)
             with http_errors(url):
-                async with client.post(url, data=payload, headers=JSON) as response:
+                async with client.post(url, data=payload, headers=JSON_HEADERS) as response:
                     await raise_for_status(response)
                     done = False
                     async for data in sse_data(response.content.iter_any()):

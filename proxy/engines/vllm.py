@@ -41,6 +41,7 @@ from proxy.engines.base import (
     StreamDelta,
 )
 from proxy.engines.pool import (
+    JSON_HEADERS,
     Server,
     ServerError,
     ServerPool,
@@ -260,7 +261,7 @@ class VLLMEngine:
             decoder = CompletionDecoder(self._versions, top_logprobs=params.top_logprobs)
             url = server.url + "/v1/completions"
             with http_errors(url):
-                async with client.post(url, data=payload, headers={"content-type": "application/json"}) as response:
+                async with client.post(url, data=payload, headers=JSON_HEADERS) as response:
                     await raise_for_status(response)
                     done = False
                     async for data in sse_data(response.content.iter_any()):

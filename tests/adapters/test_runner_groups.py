@@ -9,10 +9,11 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import pytest
 from openai import AsyncOpenAI
 
 from adapters.runner import EpisodeRunner
-from proxy.config import RolloutConfig
+from proxy.config import ConfigError, RolloutConfig, load_config
 from tests.conftest import run_server
 
 REWARDS = """
@@ -53,3 +54,13 @@ def test_only_tasks_that_earned_nothing_get_one_larger_retry_group(tmp_path: Pat
     rewards = {s["group_id"]: s["reward"] for s in listed}
     assert rewards == {"e@0": 1.0, "h@0": 0.0, "h@0+hard": 0.0}
     assert stats.tasks_started == 2 and stats.hard_groups == 1 and stats.episodes_finished == 7
+
+
+def test_a_group_larger_than_the_concurrency_is_refused_with_the_fix():
+    # A group waits for that many free slots before it starts: larger than the concurrency,
+    # it would wait forever.
+    with pytest.raises(ConfigError, match=r"a group of 24 starts together: rollout.concurrency \(16\)"):
+        load_config(None, ["rollout.concurrency=16", "rollout.hard_group_size=24"])
+    with pytest.raises(ConfigError, match=r"a group of 8 starts together"):
+        load_config(None, ["rollout.concurrency=4"])
+    assert load_config(None, ["rollout.concurrency=24", "rollout.hard_group_size=24"]).rollout.hard_group_size == 24

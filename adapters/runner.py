@@ -14,6 +14,14 @@ With `hard_group_size` set, a task whose whole group earned no reward is queued
 to run once more, ahead of new tasks, as one larger group: with a success rate of
 a few percent a group of 8 rarely holds the single success that GRPO needs to
 learn anything from a prompt, and a group of 32 often does.
+
+With `screen_size = k`, a group is screened before it is spent (SPEED, Zhang et al.
+2025, arXiv 2506.09016): all `group_size` sessions are created (so the group can
+not be claimed in part), the agent runs on the first k, and the rest run only if
+those k rewards differ. A group whose first k rewards are all equal (a prompt the
+policy always fails or always solves) would almost surely be a zero-variance group,
+which GRPO skips; its other sessions are ended unrun, as failed with the reason
+"screened out", and the generation they would have cost goes to other prompts.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ class RunnerStats:
     episodes_failed: int = 0
     admission_waits: int = 0
     hard_groups: int = 0
+    screened_out: int = 0  # groups ended after their first screen_size episodes
     reward_sum: float = 0.0
     recent_rewards: list[float] = field(default_factory=list)
 
@@ -62,6 +71,9 @@ class _Group:
     retry: bool
     left: int  # sessions not yet ended
     earned: bool = False  # some session scored above 0
+    held: list[dict[str, Any]] = field(default_factory=list)  # created, not run until the screen decides
+    screening: int = 0  # screen episodes still running
+    screen_rewards: set[float] = field(default_factory=set)
 
 
 class EpisodeRunner:
@@ -87,6 +99,8 @@ class EpisodeRunner:
         self._open: set[str] = set()
         self._groups: dict[str, _Group] = {}
         self._hard: deque[tuple[dict[str, Any], str]] = deque()  # (task, group id) to retry
+        self._running: set[asyncio.Task] = set()
+        self._slots: asyncio.Semaphore | None = None
         self.stats.tasks_started = self._saved_position()
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), headers=self.headers)
 
@@ -105,8 +119,8 @@ class EpisodeRunner:
     # -- the run --------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> RunnerStats:
         stop = stop or asyncio.Event()
-        slots = asyncio.Semaphore(self.cfg.concurrency)
-        running: set[asyncio.Task] = set()
+        slots = self._slots = asyncio.Semaphore(self.cfg.concurrency)
+        running = self._running
         order = list(range(len(self.tasks)))
         random.Random(self.cfg.seed).shuffle(order)
         try:
@@ -126,17 +140,18 @@ class EpisodeRunner:
                         break
                     task = self.tasks[order[n % len(order)]]
                     group_id, size = f"{task['id']}@{n // len(order)}", self.cfg.group_size
-                # one group waits for free slots so it starts together
-                for _ in range(size):
+                first = size if retry or not self.cfg.screen_size else self.cfg.screen_size
+                # the episodes a group starts with wait for free slots so they start together
+                for _ in range(first):
                     await slots.acquire()
                 try:
                     group = await self._create_group(task, group_id, size, stop)
                 except BaseException:
-                    for _ in range(size):
+                    for _ in range(first):
                         slots.release()
                     raise
                 if group is None:
-                    for _ in range(size):
+                    for _ in range(first):
                         slots.release()
                     break
                 if retry:
@@ -144,13 +159,14 @@ class EpisodeRunner:
                 else:
                     self.stats.tasks_started += 1
                     self._save_position()
-                self._groups[group_id] = _Group(task, retry, left=len(group))
-                for session in group:
-                    t = asyncio.create_task(self._episode(task, group_id, session, slots))
-                    running.add(t)
-                    t.add_done_callback(running.discard)
-            if running and not stop.is_set():
-                await asyncio.gather(*running, return_exceptions=True)
+                self._groups[group_id] = _Group(
+                    task, retry, left=len(group), held=group[first:], screening=first if first < size else 0
+                )
+                self._open.update(s["session_id"] for s in group[first:])
+                for session in group[:first]:
+                    self._spawn(self._episode(task, group_id, session, slots))
+            while running and not stop.is_set():  # an ending episode may start a group's held ones
+                await asyncio.gather(*list(running), return_exceptions=True)
         finally:
             for t in list(running):
                 t.cancel()
@@ -160,6 +176,11 @@ class EpisodeRunner:
                 await self._end(sid, "fail", {"reason": "stopped: the run ended before the episode did"})
             await self._http.aclose()
         return self.stats
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.create_task(coro)
+        self._running.add(t)
+        t.add_done_callback(self._running.discard)
 
     async def _create_group(
         self, task: dict[str, Any], group_id: str, size: int, stop: asyncio.Event
@@ -220,17 +241,43 @@ class EpisodeRunner:
             self._episode_ended(group_id, reward)
 
     def _episode_ended(self, group_id: str, reward: float | None) -> None:
-        """Count the group down; queue its retry if it ended without any reward."""
+        """Count the group down; decide a screened group; queue a retry if it ended without any reward."""
         group = self._groups.get(group_id)
         if group is None:  # two tasks with one id share a group; the first to end it counted it
             return
         group.left -= 1
         if reward is not None and reward > 0:
             group.earned = True
+        if group.screening:
+            group.screening -= 1
+            if reward is not None:
+                group.screen_rewards.add(reward)
+            if group.screening == 0:
+                held, group.held = group.held, []
+                if len(group.screen_rewards) > 1:  # the prompt can go either way: run the rest
+                    for session in held:
+                        self._spawn(self._held_episode(group.task, group_id, session))
+                else:
+                    self.stats.screened_out += 1
+                    scores = ", ".join(f"{r:g}" for r in sorted(group.screen_rewards)) or "none (failed)"
+                    reason = f"screened out: the group's first {self.cfg.screen_size} episodes all scored {scores}"
+                    for session in held:
+                        self._spawn(self._end(session["session_id"], "fail", {"reason": reason}, counted=False))
+                    group.left -= len(held)
         if group.left == 0:
             del self._groups[group_id]
             if self.cfg.hard_group_size and not group.retry and not group.earned:
                 self._hard.append((group.task, group_id))
+
+    async def _held_episode(self, task: dict[str, Any], group_id: str, session: dict[str, Any]) -> None:
+        """A session held back by the screen: it takes a free slot like any episode, then runs."""
+        assert self._slots is not None
+        try:
+            await self._slots.acquire()
+        except BaseException:
+            self._episode_ended(group_id, None)
+            raise
+        await self._episode(task, group_id, session, self._slots)
 
     async def _call_agent(self, task: dict[str, Any], session: dict[str, Any]) -> None:
         if self.agent is not None:
@@ -260,9 +307,11 @@ class EpisodeRunner:
         if proc.returncode != 0:
             raise RuntimeError(f"agent command exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
 
-    async def _end(self, session_id: str, action: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    async def _end(
+        self, session_id: str, action: str, body: dict[str, Any], counted: bool = True
+    ) -> dict[str, Any] | None:
         self._open.discard(session_id)
-        if action == "fail":
+        if action == "fail" and counted:
             self.stats.episodes_failed += 1
         for attempt in range(5):
             try:

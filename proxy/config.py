@@ -189,6 +189,9 @@ class RolloutConfig(Section):
     hard_group_size: int = Field(default=0, ge=0)
     """A task whose whole group earned no reward is run once more, ahead of new tasks, as a
     group of this many samples, so a hard prompt shows a success to learn from (0: off)."""
+    screen_size: int = Field(default=0, ge=0)
+    """Run the first this-many samples of a group first and the rest only if their rewards
+    differ; a group they all scored alike is ended there, as GRPO would skip it (0: off)."""
     max_tasks: int = 0
     """Stop after this many tasks (0: the whole dataset, cycling until the trainer stops)."""
     seed: int = 0
@@ -268,6 +271,13 @@ class Config(Section):
         if self.trainer.batch_size % self.rollout.group_size:
             raise ValueError(
                 f"rollout.group_size {self.rollout.group_size} must divide trainer.batch_size {self.trainer.batch_size}"
+            )
+        screen = self.rollout.screen_size
+        if screen and not 2 <= screen < self.rollout.group_size:
+            raise ValueError(
+                f"rollout.screen_size {screen} must be 0 (off) or from 2 to rollout.group_size - 1 "
+                f"({self.rollout.group_size - 1}): the screen needs two rewards to compare and must leave "
+                "samples to save"
             )
         for size in (self.rollout.group_size, self.rollout.hard_group_size):
             if size > self.rollout.concurrency:

@@ -116,6 +116,8 @@ def progress_table(cfg: Config, run_dir: Path, runner: EpisodeRunner, started: f
     table.add_row("admission waits", str(s.admission_waits))
     if cfg.rollout.hard_group_size:
         table.add_row("retry groups (no reward at first)", str(s.hard_groups))
+    if cfg.rollout.screen_size:
+        table.add_row("groups screened out", f"{s.screened_out} of {s.tasks_started}")
     table.add_row("elapsed", f"{elapsed:.0f}s")
     return table
 

@@ -328,6 +328,8 @@ def progress_table(cluster: Cluster, started: float) -> Table:
     failed = sum(s.get("episodes_failed", 0) for s in stats)
     table.add_row("episodes finished / failed", f"{finished} / {failed}")
     table.add_row("admission waits", str(sum(s.get("admission_waits", 0) for s in stats)))
+    if cluster.cfg.rollout.screen_size:
+        table.add_row("groups screened out", str(sum(s.get("screened_out", 0) for s in stats)))
     for c in cluster.components:
         restarts = f", {c.restarts} restarts" if c.restarts else ""
         where = c.url if c.kind in ("engine", "proxy", "front") else c.node

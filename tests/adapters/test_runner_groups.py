@@ -1,6 +1,8 @@
 """The episode runner's groups: one group of `group_size` per task and, with `hard_group_size`,
 one larger retry group for a task whose whole group earned nothing — never for one that
-earned something, never twice. Real proxy, real model, a reward that depends only on the task."""
+earned something, never twice; with `screen_size`, the rest of a group runs only when its
+first episodes scored differently. Real proxy, real model, a reward that depends only on the
+task (and, for "mixed", alternates 0, 1, 0, 1 … from call to call)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,14 @@ REWARDS = """
 from rewards import reward
 
 
+_mixed_calls = []
+
+
 @reward("test_by_reference")
 def by_reference(session) -> float:
+    if session.reference == "mixed":
+        _mixed_calls.append(1)
+        return float(len(_mixed_calls) % 2)
     return 1.0 if session.reference == "easy" else 0.0
 """
 
@@ -64,3 +72,43 @@ def test_a_group_larger_than_the_concurrency_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"a group of 8 starts together"):
         load_config(None, ["rollout.concurrency=4"])
     assert load_config(None, ["rollout.concurrency=24", "rollout.hard_group_size=24"]).rollout.hard_group_size == 24
+
+
+def test_a_group_runs_past_its_screen_only_when_the_screen_scored_differently(tmp_path: Path):
+    module = tmp_path / "by_reference.py"
+    module.write_text(REWARDS)
+    tasks = [
+        {"id": "e", "question": "Say hi.", "reference": "easy"},
+        {"id": "h", "question": "Say bye.", "reference": "hard"},
+        {"id": "m", "question": "Say yes.", "reference": "mixed"},
+    ]
+    cfg = RolloutConfig(reward_fn="test_by_reference", group_size=4, screen_size=2, concurrency=4, max_tasks=3)
+    with run_server(tmp_path, f"sqlite:///{tmp_path}/screen.db", "--rewards", str(module)) as server:
+        runner = EpisodeRunner(cfg, server.url, tasks, agent=one_call)
+        stats = asyncio.run(runner.run())
+        listed = httpx.get(f"{server.url}/sessions", params={"limit": 100}).json()["data"]
+    by_group: dict[str, Counter] = {}
+    for s in listed:
+        by_group.setdefault(s["group_id"], Counter())[s["status"]] += 1
+    # every group was created whole (so it could never be claimed in part) and nothing is left open
+    assert by_group == {
+        "e@0": Counter(finished=2, failed=2),
+        "h@0": Counter(finished=2, failed=2),
+        "m@0": Counter(finished=4),
+    }, by_group
+    reasons = {(s["group_id"], s["failure"]) for s in listed if s["status"] == "failed"}
+    assert reasons == {
+        ("e@0", "screened out: the group's first 2 episodes all scored 1"),
+        ("h@0", "screened out: the group's first 2 episodes all scored 0"),
+    }
+    mixed = sorted(s["reward"] for s in listed if s["group_id"] == "m@0")
+    assert mixed == [0.0, 0.0, 1.0, 1.0]
+    # screened-out sessions are not episodes that failed: no agent ever ran in them
+    assert stats.screened_out == 2 and stats.episodes_finished == 8 and stats.episodes_failed == 0
+
+
+def test_a_screen_that_cannot_compare_or_save_is_refused():
+    for k in (1, 8):
+        with pytest.raises(ConfigError, match=rf"rollout.screen_size {k} must be 0 \(off\) or from 2 to"):
+            load_config(None, [f"rollout.screen_size={k}"])
+    assert load_config(None, ["rollout.screen_size=4"]).rollout.screen_size == 4

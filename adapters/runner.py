@@ -100,7 +100,8 @@ class EpisodeRunner:
         self._groups: dict[str, _Group] = {}
         self._hard: deque[tuple[dict[str, Any], str]] = deque()  # (task, group id) to retry
         self._running: set[asyncio.Task] = set()
-        self._slots: asyncio.Semaphore | None = None
+        self._slots = asyncio.Semaphore(cfg.concurrency)
+        self._stop = asyncio.Event()
         self.stats.tasks_started = self._saved_position()
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), headers=self.headers)
 
@@ -118,8 +119,8 @@ class EpisodeRunner:
 
     # -- the run --------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> RunnerStats:
-        stop = stop or asyncio.Event()
-        slots = self._slots = asyncio.Semaphore(self.cfg.concurrency)
+        stop = self._stop = stop or asyncio.Event()
+        slots = self._slots
         running = self._running
         order = list(range(len(self.tasks)))
         random.Random(self.cfg.seed).shuffle(order)
@@ -140,20 +141,22 @@ class EpisodeRunner:
                         break
                     task = self.tasks[order[n % len(order)]]
                     group_id, size = f"{task['id']}@{n // len(order)}", self.cfg.group_size
-                first = size if retry or not self.cfg.screen_size else self.cfg.screen_size
-                # the episodes a group starts with wait for free slots so they start together
-                for _ in range(first):
+                # one group waits for free slots so it starts together; a screened group's held
+                # sessions keep theirs, so the rest starts the moment the screen decides (a
+                # group that waited for slots again would grow stale before it could be trained)
+                for _ in range(size):
                     await slots.acquire()
                 try:
                     group = await self._create_group(task, group_id, size, stop)
                 except BaseException:
-                    for _ in range(first):
+                    for _ in range(size):
                         slots.release()
                     raise
                 if group is None:
-                    for _ in range(first):
+                    for _ in range(size):
                         slots.release()
                     break
+                first = size if retry or not self.cfg.screen_size else self.cfg.screen_size
                 if retry:
                     self.stats.hard_groups += 1
                 else:
@@ -252,32 +255,27 @@ class EpisodeRunner:
             group.screening -= 1
             if reward is not None:
                 group.screen_rewards.add(reward)
-            if group.screening == 0:
+            if group.screening == 0 and not self._stop.is_set():  # stopping: the run ends what is open
                 held, group.held = group.held, []
                 if len(group.screen_rewards) > 1:  # the prompt can go either way: run the rest
                     for session in held:
-                        self._spawn(self._held_episode(group.task, group_id, session))
+                        self._spawn(self._episode(group.task, group_id, session, self._slots))
                 else:
                     self.stats.screened_out += 1
-                    scores = ", ".join(f"{r:g}" for r in sorted(group.screen_rewards)) or "none (failed)"
-                    reason = f"screened out: the group's first {self.cfg.screen_size} episodes all scored {scores}"
+                    k = self.cfg.screen_size
+                    reason = (
+                        f"screened out: the group's first {k} episodes all scored {next(iter(group.screen_rewards)):g}"
+                        if group.screen_rewards
+                        else f"screened out: the group's first {k} episodes all failed"
+                    )
                     for session in held:
+                        self._slots.release()
                         self._spawn(self._end(session["session_id"], "fail", {"reason": reason}, counted=False))
                     group.left -= len(held)
         if group.left == 0:
             del self._groups[group_id]
             if self.cfg.hard_group_size and not group.retry and not group.earned:
                 self._hard.append((group.task, group_id))
-
-    async def _held_episode(self, task: dict[str, Any], group_id: str, session: dict[str, Any]) -> None:
-        """A session held back by the screen: it takes a free slot like any episode, then runs."""
-        assert self._slots is not None
-        try:
-            await self._slots.acquire()
-        except BaseException:
-            self._episode_ended(group_id, None)
-            raise
-        await self._episode(task, group_id, session, self._slots)
 
     async def _call_agent(self, task: dict[str, Any], session: dict[str, Any]) -> None:
         if self.agent is not None:

@@ -142,8 +142,8 @@ class EpisodeRunner:
                     task = self.tasks[order[n % len(order)]]
                     group_id, size = f"{task['id']}@{n // len(order)}", self.cfg.group_size
                 # one group waits for free slots so it starts together; a screened group's held
-                # sessions keep theirs, so the rest starts the moment the screen decides (a
-                # group that waited for slots again would grow stale before it could be trained)
+                # sessions keep theirs, so the rest starts the moment the screen decides rather
+                # than behind newer groups (its first sessions age with every training step)
                 for _ in range(size):
                     await slots.acquire()
                 try:

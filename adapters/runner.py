@@ -256,26 +256,30 @@ class EpisodeRunner:
             if reward is not None:
                 group.screen_rewards.add(reward)
             if group.screening == 0 and not self._stop.is_set():  # stopping: the run ends what is open
-                held, group.held = group.held, []
-                if len(group.screen_rewards) > 1:  # the prompt can go either way: run the rest
-                    for session in held:
-                        self._spawn(self._episode(group.task, group_id, session, self._slots))
-                else:
-                    self.stats.screened_out += 1
-                    k = self.cfg.screen_size
-                    reason = (
-                        f"screened out: the group's first {k} episodes all scored {next(iter(group.screen_rewards)):g}"
-                        if group.screen_rewards
-                        else f"screened out: the group's first {k} episodes all failed"
-                    )
-                    for session in held:
-                        self._slots.release()
-                        self._spawn(self._end(session["session_id"], "fail", {"reason": reason}, counted=False))
-                    group.left -= len(held)
+                self._decide_screen(group_id, group)
         if group.left == 0:
             del self._groups[group_id]
             if self.cfg.hard_group_size and not group.retry and not group.earned:
                 self._hard.append((group.task, group_id))
+
+    def _decide_screen(self, group_id: str, group: _Group) -> None:
+        """Run a screened group's held sessions if its screen scored differently, else end them unrun."""
+        held, group.held = group.held, []
+        if len(group.screen_rewards) > 1:  # the prompt can go either way: run the rest
+            for session in held:
+                self._spawn(self._episode(group.task, group_id, session, self._slots))
+            return
+        self.stats.screened_out += 1
+        k = self.cfg.screen_size
+        reason = (
+            f"screened out: the group's first {k} episodes all scored {next(iter(group.screen_rewards)):g}"
+            if group.screen_rewards
+            else f"screened out: the group's first {k} episodes all failed"
+        )
+        for session in held:
+            self._slots.release()
+            self._spawn(self._end(session["session_id"], "fail", {"reason": reason}, counted=False))
+        group.left -= len(held)
 
     async def _call_agent(self, task: dict[str, Any], session: dict[str, Any]) -> None:
         if self.agent is not None:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from adapters.runner import EpisodeRunner
+from adapters.runner import EpisodeRunner, RunnerStats
 from proxy.config import ConfigError, RolloutConfig, load_config
 from tests.conftest import run_server
 
@@ -44,18 +44,26 @@ async def one_call(task: dict, base_url: str, api_key: str) -> None:
         await client.close()
 
 
-def test_only_tasks_that_earned_nothing_get_one_larger_retry_group(tmp_path: Path):
+TASKS = [
+    {"id": "e", "question": "Say hi.", "reference": "easy"},
+    {"id": "h", "question": "Say bye.", "reference": "hard"},
+    {"id": "m", "question": "Say yes.", "reference": "mixed"},
+]
+
+
+def run_tasks(tmp_path: Path, cfg: RolloutConfig, tasks: list[dict]) -> tuple[RunnerStats, list[dict]]:
+    """Run the runner to the end against a real server; its stats and every session it left."""
     module = tmp_path / "by_reference.py"
     module.write_text(REWARDS)
-    tasks = [
-        {"id": "e", "question": "Say hi.", "reference": "easy"},
-        {"id": "h", "question": "Say bye.", "reference": "hard"},
-    ]
-    cfg = RolloutConfig(reward_fn="test_by_reference", group_size=2, hard_group_size=3, concurrency=4, max_tasks=2)
     with run_server(tmp_path, f"sqlite:///{tmp_path}/groups.db", "--rewards", str(module)) as server:
-        runner = EpisodeRunner(cfg, server.url, tasks, agent=one_call)
-        stats = asyncio.run(runner.run())
+        stats = asyncio.run(EpisodeRunner(cfg, server.url, tasks, agent=one_call).run())
         listed = httpx.get(f"{server.url}/sessions", params={"limit": 100}).json()["data"]
+    return stats, listed
+
+
+def test_only_tasks_that_earned_nothing_get_one_larger_retry_group(tmp_path: Path):
+    cfg = RolloutConfig(reward_fn="test_by_reference", group_size=2, hard_group_size=3, concurrency=4, max_tasks=2)
+    stats, listed = run_tasks(tmp_path, cfg, TASKS[:2])
     sizes = Counter(s["group_id"] for s in listed)
     assert sizes == {"e@0": 2, "h@0": 2, "h@0+hard": 3}, sizes
     assert all(s["status"] == "finished" for s in listed)
@@ -75,18 +83,8 @@ def test_a_group_larger_than_the_concurrency_is_refused_with_the_fix():
 
 
 def test_a_group_runs_past_its_screen_only_when_the_screen_scored_differently(tmp_path: Path):
-    module = tmp_path / "by_reference.py"
-    module.write_text(REWARDS)
-    tasks = [
-        {"id": "e", "question": "Say hi.", "reference": "easy"},
-        {"id": "h", "question": "Say bye.", "reference": "hard"},
-        {"id": "m", "question": "Say yes.", "reference": "mixed"},
-    ]
     cfg = RolloutConfig(reward_fn="test_by_reference", group_size=4, screen_size=2, concurrency=4, max_tasks=3)
-    with run_server(tmp_path, f"sqlite:///{tmp_path}/screen.db", "--rewards", str(module)) as server:
-        runner = EpisodeRunner(cfg, server.url, tasks, agent=one_call)
-        stats = asyncio.run(runner.run())
-        listed = httpx.get(f"{server.url}/sessions", params={"limit": 100}).json()["data"]
+    stats, listed = run_tasks(tmp_path, cfg, TASKS)
     by_group: dict[str, Counter] = {}
     for s in listed:
         by_group.setdefault(s["group_id"], Counter())[s["status"]] += 1

@@ -60,6 +60,9 @@ class EngineConfig(Section):
     """Most sequences the embedded engine decodes together in one step."""
     threads: int = 0
     """Torch CPU threads for the embedded engine (0 keeps torch's default)."""
+    prefix_cache_tokens: int = Field(default=8192, ge=0)
+    """Prompt tokens whose keys/values the embedded engine keeps to reuse for later prompts that
+    begin the same way (a shared system prompt, an agent's earlier turns); 0: off."""
     cache_dir: str = "~/.cache/areal-proxy"
     """Where converted model copies are cached."""
     urls: list[str] = Field(default_factory=list)
@@ -131,6 +134,10 @@ class TrainerConfig(Section):
     """Advantage estimator."""
     skip_zero_variance: bool = True
     """Skip groups whose rewards are all equal (DAPO dynamic sampling)."""
+    fill_batch: bool = False
+    """With skip_zero_variance: keep claiming until batch_size sessions of groups whose rewards
+    differ are in hand, so every step trains a full batch (DAPO); off: a step trains the part of
+    its batch_size claimed sessions that has reward variance."""
     eps_clip: float = 0.2
     """PPO clip range below 1."""
     eps_clip_high: float = 0.28

@@ -36,6 +36,7 @@ from proxy.engines.base import (
 )
 from proxy.engines.kv import BatchKV
 from proxy.engines.model_files import resolve_model
+from proxy.engines.prefix_cache import BLOCK, Block, PrefixCache, past_of
 from proxy.engines.sampling import sample
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,8 @@ class LocalEngine:
         self._stopping = False
         self._paused = False
         self._error: BaseException | None = None
-        self.stats = {"steps": 0, "tokens": 0, "prefill_tokens": 0, "requests": 0}
+        self._prefix = PrefixCache(cfg.prefix_cache_tokens)
+        self.stats = {"steps": 0, "tokens": 0, "prefill_tokens": 0, "cached_prompt_tokens": 0, "requests": 0}
         self._stop_strings_window: dict[str, int] = {}
 
     # -- protocol -----------------------------------------------------------------
@@ -149,6 +151,7 @@ class LocalEngine:
             "paused": self._paused,
             "running": self._alive_count(),
             "waiting": len(self._waiting),
+            "prefix_cache_tokens": len(self._prefix) * BLOCK,
             **self.stats,
         }
 
@@ -308,6 +311,7 @@ class LocalEngine:
                 _check_fits(self.model.state_dict(), update.state)  # before loading: no half-applied update
                 self.model.load_state_dict(update.state, strict=False)
                 self._version = update.version
+                self._prefix.clear()  # keys/values of the old weights
                 result: BaseException | None = None
             except Exception as exc:  # report to the caller; the old weights stay in place
                 result = exc
@@ -316,9 +320,10 @@ class LocalEngine:
     def _admit(self) -> None:
         """Prefill waiting requests and add them to the running batch.
 
-        Identical prompts (the n samples of one task) are prefilled once; distinct
-        prompts are right-padded into batches of at most `_PREFILL_TOKENS` tokens.
-        Right padding needs no attention mask: causal attention keeps every real
+        Identical prompts (the n samples of one task) are prefilled once. Prompts that begin
+        with the same cached blocks (the prefix cache) share those keys/values and prefill only
+        the rest; each such set is right-padded into batches of at most `_PREFILL_TOKENS`
+        tokens. Right padding needs no attention mask: causal attention keeps every real
         position exact, and the padded tail of each row's KV is cut off.
         """
         budget = self.cfg.max_batch_size - self._alive_count()
@@ -333,33 +338,42 @@ class LocalEngine:
         by_prompt: dict[tuple[int, ...], list[_Request]] = {}
         for req in taken:
             by_prompt.setdefault(tuple(req.input_ids), []).append(req)
-        prompts = sorted(by_prompt, key=len)
+        by_past: dict[int, tuple[list[Block], list[tuple[int, ...]]]] = {}
+        for prompt in sorted(by_prompt, key=len):
+            chain = self._prefix.match(prompt) if self._prefix.max_blocks else []
+            by_past.setdefault(chain[-1].id if chain else 0, (chain, []))[1].append(prompt)
         admitted: list[_Request] = []
         rows: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        for chunk in _prefill_chunks(prompts):
-            logits, kv = self._prefill(chunk)
-            for i, prompt in enumerate(chunk):
-                reqs = by_prompt[prompt]
-                finished = self._emit(reqs, logits[i : i + 1].expand(len(reqs), -1))
-                for req in reqs:
-                    if req in finished:
-                        continue
-                    admitted.append(req)
-                    rows.append([(k[i : i + 1, :, : len(prompt)], v[i : i + 1, :, : len(prompt)]) for k, v in kv])
+        for chain, prompts in by_past.values():
+            for chunk in _prefill_chunks(prompts):
+                logits, kv = self._prefill(chunk, chain)
+                for i, prompt in enumerate(chunk):
+                    row = [(k[i : i + 1, :, : len(prompt)], v[i : i + 1, :, : len(prompt)]) for k, v in kv]
+                    self._prefix.store(prompt, row)
+                    reqs = by_prompt[prompt]
+                    finished = self._emit(reqs, logits[i : i + 1].expand(len(reqs), -1))
+                    for req in reqs:
+                        if req not in finished:
+                            admitted.append(req)
+                            rows.append(row)
         if admitted:
             keep = [i for i, r in enumerate(self._running) if r is not None]
             self._kv.add(rows, keep=keep)  # one rebuild: dead rows dropped, new rows joined
             self._running = [self._running[i] for i in keep] + admitted
 
-    def _prefill(self, prompts: list[tuple[int, ...]]) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-        """One forward over right-padded prompts: last-position logits (P, V) and per-layer KV."""
-        longest = len(prompts[-1])
+    def _prefill(
+        self, prompts: list[tuple[int, ...]], chain: list[Block]
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """One forward over right-padded prompts after their shared cached blocks `chain`:
+        last-position logits (P, V) and per-layer KV of the whole prompts."""
+        done = len(chain) * BLOCK
+        longest = len(prompts[-1]) - done
         pad = self.info.eos_token_ids[0] if self.info.eos_token_ids else 0
         ids = torch.full((len(prompts), longest), pad, dtype=torch.long)
         for i, prompt in enumerate(prompts):
-            ids[i, : len(prompt)] = torch.tensor(prompt)
-        last = sorted({len(p) - 1 for p in prompts})
-        cache = DynamicCache()
+            ids[i, : len(prompt) - done] = torch.tensor(prompt[done:])
+        last = sorted({len(p) - 1 - done for p in prompts})
+        cache = DynamicCache(ddp_cache_data=past_of(chain, len(prompts))) if chain else DynamicCache()
         out = self.model(
             input_ids=ids.to(self._device),
             cache=cache,
@@ -367,9 +381,10 @@ class LocalEngine:
             logits_to_keep=torch.tensor(last, device=self._device),
         )
         column = {pos: j for j, pos in enumerate(last)}
-        picks = torch.tensor([column[len(p) - 1] for p in prompts], device=self._device)
+        picks = torch.tensor([column[len(p) - 1 - done] for p in prompts], device=self._device)
         logits = out.logits[torch.arange(len(prompts), device=self._device), picks]
-        self.stats["prefill_tokens"] += sum(len(p) for p in prompts)
+        self.stats["prefill_tokens"] += sum(len(p) - done for p in prompts)
+        self.stats["cached_prompt_tokens"] += done * len(prompts)
         self.stats["requests"] += len(prompts)
         return logits, [(layer.keys, layer.values) for layer in cache.layers]
 

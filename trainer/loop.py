@@ -16,6 +16,7 @@ import json
 import logging
 import signal
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,16 @@ def session_advantages(sessions: list[SessionSamples], estimator: str) -> tuple[
     skipped = [s.session_id for i, s in enumerate(sessions) if bool(adv.skipped[i])]
     kept = [s.session_id for i, s in enumerate(sessions) if not bool(adv.skipped[i])]
     return baseline, scale, kept, skipped
+
+
+@dataclass
+class _Batch:
+    """What the next step trains: claimed sessions, those of them kept, and the counts."""
+
+    sessions: list[SessionSamples] = field(default_factory=list)
+    kept: list[SessionSamples] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    dropped: int = 0
 
 
 class Trainer:
@@ -116,29 +127,38 @@ class Trainer:
         signal.signal(signal.SIGINT, self._stop)
         self.setup()
         idle_since = time.time()
+        batch = _Batch()
         try:
             while not self.stopping and not self._done():
                 started = time.time()
+                need = self.tcfg.batch_size - len(batch.kept) if self.tcfg.fill_batch else self.tcfg.batch_size
                 claim = self.db.transaction(
-                    lambda c: claim_batch(
+                    lambda c, need=need: claim_batch(
                         c,
                         step=self.state.step + 1,
-                        batch_size=self.tcfg.batch_size,
+                        batch_size=need,
                         current_version=self.state.version,
                         max_staleness=self.tcfg.max_staleness,
                     )
                 )
                 if claim.dropped_stale:
                     self.metrics.log(self.state.step, {"dropped_stale": len(claim.dropped_stale)})
+                    batch.dropped += len(claim.dropped_stale)
                 if not claim.session_ids:
                     if (self.run_dir / "STOP").exists():
                         break
                     time.sleep(self.tcfg.poll_interval_s)
                     continue
-                waited = started - idle_since
-                self._train(claim.session_ids, len(claim.dropped_stale), waited)
+                self._add(batch, claim.session_ids)
+                if self.tcfg.fill_batch and len(batch.kept) < self.tcfg.batch_size:
+                    continue  # DAPO: claim more until the batch is full of groups with reward variance
+                self._train(batch, started - idle_since)
+                batch = _Batch()
                 idle_since = time.time()
         finally:
+            if batch.sessions:
+                # Claimed for a step that never ran: hand them back for the next run.
+                self.db.transaction(lambda c: release_after(c, self.state.step))
             if self.state.step > 0 and self.optimizer is not None:
                 checkpoint.save(
                     self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
@@ -154,15 +174,24 @@ class Trainer:
     def _stop(self, *_: Any) -> None:
         self.stopping = True
 
-    def _train(self, session_ids: list[str], dropped: int, waited: float) -> None:
-        t0 = time.time()
+    def _add(self, batch: _Batch, session_ids: list[str]) -> None:
+        """Load claimed sessions into the next step's batch; groups without reward variance are
+        marked skipped (with skip_zero_variance) and only counted."""
         sessions = self.db.read(lambda c: load_samples(c, session_ids))
-        baseline, scale, kept, skipped = session_advantages(sessions, self.tcfg.advantage)
+        _, _, kept, skipped = session_advantages(sessions, self.tcfg.advantage)
         if skipped and self.tcfg.skip_zero_variance:
             self.db.transaction(lambda c: mark_skipped(c, skipped, "zero reward variance in its group"))
-            train_on = [s for s in sessions if s.session_id in set(kept)]
+            batch.skipped += skipped
+            keep = set(kept)
+            batch.kept += [s for s in sessions if s.session_id in keep]
         else:
-            train_on = sessions
+            batch.kept += sessions
+        batch.sessions += sessions
+
+    def _train(self, batch: _Batch, waited: float) -> None:
+        t0 = time.time()
+        sessions, train_on, skipped, dropped = batch.sessions, batch.kept, batch.skipped, batch.dropped
+        baseline, scale, _, _ = session_advantages(train_on, self.tcfg.advantage) if train_on else ({}, {}, [], [])
         samples = build_samples(train_on, self.tcfg.style, baseline, scale)
         step = self.state.step + 1
         trained_version = self.state.version  # the policy these sessions are measured against

@@ -84,6 +84,36 @@ def test_smoke_run_exits_zero(tmp_path):
         assert not shm.exists(), "the pushed weights held in shared memory are freed when the trainer exits"
 
 
+def test_fill_batch_trains_full_batches_of_groups_with_reward_variance(tmp_path):
+    """DAPO dynamic sampling: with trainer.fill_batch every step claims on until it holds
+    batch_size sessions of groups whose rewards differ; the rest are skipped, none lost."""
+    config = write_config(tmp_path, fill_batch=True)
+    run_dir = tmp_path / "run"
+    proc = train(config, "trainer.max_steps=2")
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    steps = [json.loads(line) for line in (run_dir / "trained_sessions.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+    engine = create_engine(f"sqlite:///{run_dir}/areal.db")
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(sessions.c.id, sessions.c.group_id, sessions.c.status, sessions.c.consumed_step, sessions.c.reward)
+        ).all()
+    by_id = {r.id: r for r in rows}
+    for entry in steps:
+        assert len(entry["trained"]) >= 8, "a step trains a full batch"
+        groups = {by_id[sid].group_id for sid in entry["trained"]}
+        for group in groups:
+            rewards = {r.reward for r in rows if r.group_id == group}
+            assert len(rewards) > 1, "only groups whose rewards differ are trained"
+        assert {by_id[sid].consumed_step for sid in entry["trained"]} == {entry["step"]}
+    skipped = {r.id for r in rows if r.consumed_step == -2}
+    assert skipped == {sid for entry in steps for sid in entry["skipped"]}
+    for sid in skipped:
+        assert len({r.reward for r in rows if r.group_id == by_id[sid].group_id}) == 1
+    assert not [r for r in rows if r.status == "consumed" and (r.consumed_step or 0) > 2], "nothing left claimed"
+
+
 def test_sigkill_mid_run_then_resume(tmp_path):
     config = write_config(tmp_path)
     run_dir = tmp_path / "run"

@@ -60,10 +60,13 @@ def session_advantages(sessions: list[SessionSamples], estimator: str) -> tuple[
 
 @dataclass
 class _Batch:
-    """What the next step trains: claimed sessions, those of them kept, and the counts."""
+    """What the next step trains: claimed sessions, those of them kept with their group
+    baseline and scale (groups are claimed whole, so these are final), and the counts."""
 
     sessions: list[SessionSamples] = field(default_factory=list)
     kept: list[SessionSamples] = field(default_factory=list)
+    baseline: dict[str, float] = field(default_factory=dict)
+    scale: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     dropped: int = 0
 
@@ -178,7 +181,9 @@ class Trainer:
         """Load claimed sessions into the next step's batch; groups without reward variance are
         marked skipped (with skip_zero_variance) and only counted."""
         sessions = self.db.read(lambda c: load_samples(c, session_ids))
-        _, _, kept, skipped = session_advantages(sessions, self.tcfg.advantage)
+        baseline, scale, kept, skipped = session_advantages(sessions, self.tcfg.advantage)
+        batch.baseline.update(baseline)
+        batch.scale.update(scale)
         if skipped and self.tcfg.skip_zero_variance:
             self.db.transaction(lambda c: mark_skipped(c, skipped, "zero reward variance in its group"))
             batch.skipped += skipped
@@ -191,8 +196,7 @@ class Trainer:
     def _train(self, batch: _Batch, waited: float) -> None:
         t0 = time.time()
         sessions, train_on, skipped, dropped = batch.sessions, batch.kept, batch.skipped, batch.dropped
-        baseline, scale, _, _ = session_advantages(train_on, self.tcfg.advantage) if train_on else ({}, {}, [], [])
-        samples = build_samples(train_on, self.tcfg.style, baseline, scale)
+        samples = build_samples(train_on, self.tcfg.style, batch.baseline, batch.scale)
         step = self.state.step + 1
         trained_version = self.state.version  # the policy these sessions are measured against
         result = None

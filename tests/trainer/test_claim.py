@@ -3,6 +3,7 @@ also with two trainers racing on PostgreSQL, and after a resume from an earlier 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -28,6 +29,11 @@ def db(request, tmp_path):
             database.close()
 
 
+# Sessions finish in the order they are added, 1 ms apart, whatever the machine's speed:
+# `now + i * 1e-3` per call let a later call's first row sort before an earlier call's last.
+_finish_order = itertools.count()
+
+
 def add_sessions(db: Database, group: str, statuses: list[str], min_version: int = 0) -> list[str]:
     now = time.time()
     rows = []
@@ -46,7 +52,7 @@ def add_sessions(db: Database, group: str, statuses: list[str], min_version: int
                 "max_version": min_version,
                 "created_at": now,
                 "updated_at": now,
-                "finished_at": now + len(rows) * 1e-3,
+                "finished_at": 1.7e9 + next(_finish_order) * 1e-3,
                 "reward": 1.0,
             }
         )

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from proxy.config import Config
-from proxy.engines.local import select_device
+from proxy.engines.local import select_device, warn_if_emulated_bf16
 from proxy.engines.model_files import resolve_model
 from proxy.store.db import Database
 from rewards.export import SessionSamples, load_samples
@@ -103,6 +103,9 @@ class Trainer:
         base = resolve_model(source, self.cfg.engine.cache_dir)
         resume = checkpoint.latest(self.run_dir)
         dtype = torch.bfloat16 if self.tcfg.dtype == "bfloat16" else torch.float32
+        warn_if_emulated_bf16(
+            self.device, dtype == torch.bfloat16 or self.tcfg.autocast_bf16, "trainer.dtype / trainer.autocast_bf16"
+        )
         self.model = AutoModelForCausalLM.from_pretrained(resume or base, dtype=dtype).to(self.device)
         self.model.eval()
         tokenizer = AutoTokenizer.from_pretrained(base)

@@ -57,6 +57,28 @@ def select_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX-512 BF16 or AMX). Without it torch
+    emulates bfloat16 matmuls, measured ~40x slower than float32 here (AVX2-only EPYC: a training
+    step of 48 samples took 205 s under bfloat16 autocast against ~5 s on a core with AVX-512 BF16)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:  # not Linux: ask oneDNN (AVX-512 cores, Apple silicon)
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    flags = {word for line in cpuinfo.splitlines() if line.startswith("flags") for word in line.split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def warn_if_emulated_bf16(device: torch.device, uses_bf16: bool, setting: str) -> None:
+    if uses_bf16 and device.type == "cpu" and not cpu_has_native_bf16():
+        log.warning(
+            "%s asks for bfloat16 on a CPU without AVX-512 BF16 or AMX: torch emulates it, many times "
+            "slower than float32 here; use float32 on this machine",
+            setting,
+        )
+
+
 def load_weights_file(path: str) -> dict[str, torch.Tensor]:
     """Read safetensors weights from a file or a directory of shards."""
     from safetensors.torch import load_file
@@ -244,6 +266,7 @@ class LocalEngine:
         self._device = select_device(self.cfg.device)
         path = resolve_model(self.cfg.model, self.cfg.cache_dir)
         dtype = _DTYPES.get(self.cfg.dtype) or (torch.float32 if self._device.type == "cpu" else torch.bfloat16)
+        warn_if_emulated_bf16(self._device, dtype == torch.bfloat16, "engine.dtype")
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self._device).eval()

@@ -31,7 +31,7 @@ from trainer import checkpoint
 from trainer.advantages import ADVANTAGES
 from trainer.batch import build_samples, pack
 from trainer.claim import claim_batch, mark_skipped, release_after
-from trainer.metrics import MetricsSink
+from trainer.metrics import MetricsSink, StallWatch
 from trainer.step import recompute_proximal, train_step
 from trainer.weights import WeightSync, default_weights_dir
 
@@ -86,6 +86,7 @@ class Trainer:
         )
         self.sync = WeightSync(weights_dir, proxy_url(cfg), cfg.proxy.admin_key)
         self.metrics = MetricsSink(self.run_dir)
+        self.stall = StallWatch()
         self.state = checkpoint.TrainerState()
         self.stopping = False
         self.model: Any = None
@@ -227,6 +228,9 @@ class Trainer:
                 self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
             )
         self._log(step, trained_version, sessions, samples, result, dropped, len(skipped), waited, t_train, push_s)
+        stalled = self.stall.update(len(samples), [x.reward for x in sessions])
+        if stalled:
+            log.warning(stalled)
 
     def _checkpoint(self) -> None:
         checkpoint.save(

@@ -34,6 +34,47 @@ class MetricsSink:
             self._tb.close()
 
 
+class StallWatch:
+    """Notices a run that has stopped learning: `limit` steps in a row that trained nothing
+    because every claimed group's rewards were equal.
+
+    With groups skipped for zero reward variance, a policy that has collapsed (every sample
+    wrong, e.g. replies cut short or rambling past `max_tokens`) yields no gradient at all and
+    never recovers by itself; measured on the arithmetic example with `max_staleness = 3`.
+    """
+
+    def __init__(self, limit: int = 20) -> None:
+        self.limit = limit
+        self.empty = 0
+        self._count = 0
+        self._sum = 0.0
+        self._low = float("inf")
+        self._high = float("-inf")
+
+    def update(self, trained_samples: int, rewards: list[float]) -> str | None:
+        """Record one step; a warning to log when the run has stalled (again every `limit` steps)."""
+        if trained_samples or not rewards:
+            self.__init__(self.limit)
+            return None
+        self.empty += 1
+        self._count += len(rewards)
+        self._sum += sum(rewards)
+        self._low, self._high = min(self._low, *rewards), max(self._high, *rewards)
+        if self.empty % self.limit:
+            return None
+        mean = self._sum / self._count
+        alike = self._low == self._high
+        what = f"every sample earned {mean:.3g}" if alike else f"mean reward {mean:.3f}, each group's samples alike"
+        if alike and mean >= 1.0:
+            hint = "the task looks solved (or too easy for this reward)"
+        else:
+            hint = (
+                "if reward fell from earlier steps the policy has collapsed: resume from an earlier "
+                "checkpoint with a lower trainer.optim.lr or trainer.max_staleness"
+            )
+        return f"no sample trained in the last {self.empty} steps ({what}): nothing is being learned; {hint}"
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():

@@ -69,8 +69,8 @@ class StallWatch:
             hint = "the task looks solved (or too easy for this reward)"
         else:
             hint = (
-                "if reward fell from earlier steps the policy has collapsed: resume from an earlier "
-                "checkpoint with a lower trainer.optim.lr or trainer.max_staleness"
+                "if reward fell from earlier steps the policy has collapsed: lower trainer.optim.lr or "
+                "trainer.max_staleness and restart, from a checkpoint before the fall if one is kept"
             )
         return f"no sample trained in the last {self.empty} steps ({what}): nothing is being learned; {hint}"
 

@@ -23,8 +23,8 @@ def test_a_step_that_trains_resets_the_count():
     assert watch.update(0, [0.0] * 4) is None
     assert watch.update(0, [1.0] * 4 + [0.0] * 4) == (
         "no sample trained in the last 2 steps (mean reward 0.333, each group's samples alike): "
-        "nothing is being learned; if reward fell from earlier steps the policy has collapsed: resume "
-        "from an earlier checkpoint with a lower trainer.optim.lr or trainer.max_staleness"
+        "nothing is being learned; if reward fell from earlier steps the policy has collapsed: lower "
+        "trainer.optim.lr or trainer.max_staleness and restart, from a checkpoint before the fall if one is kept"
     )
 
 

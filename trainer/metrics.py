@@ -39,12 +39,15 @@ class StallWatch:
     because every claimed group's rewards were equal.
 
     With groups skipped for zero reward variance, a policy that has collapsed (every sample
-    wrong, e.g. replies cut short or rambling past `max_tokens`) yields no gradient at all and
-    never recovers by itself; measured on the arithmetic example with `max_staleness = 3`.
+    wrong, e.g. replies cut short or rambling past `max_tokens`) yields almost no gradient and
+    hardly recovers by itself; seen on the arithmetic example with `max_staleness` 3 and 4.
     """
 
     def __init__(self, limit: int = 20) -> None:
         self.limit = limit
+        self._reset()
+
+    def _reset(self) -> None:
         self.empty = 0
         self._count = 0
         self._sum = 0.0
@@ -54,7 +57,7 @@ class StallWatch:
     def update(self, trained_samples: int, rewards: list[float]) -> str | None:
         """Record one step; a warning to log when the run has stalled (again every `limit` steps)."""
         if trained_samples or not rewards:
-            self.__init__(self.limit)
+            self._reset()
             return None
         self.empty += 1
         self._count += len(rewards)

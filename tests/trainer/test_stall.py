@@ -1,5 +1,5 @@
 """The trainer warns when a run stops learning: steps that train nothing because every group
-scored alike (a collapsed policy gets no gradient and never recovers by itself)."""
+scored alike (a collapsed policy gets almost no gradient and hardly recovers by itself)."""
 
 from trainer.metrics import StallWatch
 

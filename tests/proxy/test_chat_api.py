@@ -60,7 +60,10 @@ def test_streaming_text_with_usage_and_done(proxy):
     session = proxy.new_session()
     client = client_for(proxy, session)
     stream = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Count from one to five."}], max_tokens=24, stream=True
+        model="m", messages=[{"role": "user", "content": "Count from one to five."}],
+        max_tokens=24,
+        temperature=0,
+        stream=True,
     )
     pieces, usage, finish = [], None, None
     for chunk in stream:
@@ -128,7 +131,7 @@ def test_stop_sequence_trims_content(proxy):
 def test_logprobs_in_openai_shape(proxy):
     client = client_for(proxy)
     r = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Say yes."}], max_tokens=6, logprobs=True, top_logprobs=3
+        model="m", messages=[{"role": "user", "content": "Say yes."}], max_tokens=6, logprobs=True, top_logprobs=3, temperature=0
     )
     content = r.choices[0].logprobs.content
     assert content and all(isinstance(e.token, str) and e.logprob <= 0 for e in content)

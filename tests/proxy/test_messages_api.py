@@ -45,6 +45,7 @@ def test_text_message_is_recorded(proxy, by_path):
         system=[{"type": "text", "text": "Answer briefly."}],
         messages=[{"role": "user", "content": "What is 2+3?"}],
         max_tokens=12,
+        extra_body=GREEDY,
     )
     assert r.id.startswith("msg_") and r.type == "message" and r.role == "assistant"
     assert r.model == "claude-sonnet-4-5"

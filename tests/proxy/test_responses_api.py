@@ -36,7 +36,7 @@ def assert_extends(parent: dict, child: dict) -> None:
 def test_text_response_is_recorded(proxy):
     session = proxy.new_session()
     r = client_for(session).responses.create(
-        model="gpt-5.6-luna", instructions="Answer briefly.", input="What is 2+3?", max_output_tokens=12
+        model="gpt-5.6-luna", instructions="Answer briefly.", input="What is 2+3?", max_output_tokens=12, temperature=0
     )
     assert r.id.startswith("resp_") and r.object == "response" and r.status == "completed"
     assert r.model == "gpt-5.6-luna"

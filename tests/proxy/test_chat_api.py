@@ -60,7 +60,8 @@ def test_streaming_text_with_usage_and_done(proxy):
     session = proxy.new_session()
     client = client_for(proxy, session)
     stream = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Count from one to five."}],
+        model="m",
+        messages=[{"role": "user", "content": "Count from one to five."}],
         max_tokens=24,
         temperature=0,
         stream=True,
@@ -131,7 +132,12 @@ def test_stop_sequence_trims_content(proxy):
 def test_logprobs_in_openai_shape(proxy):
     client = client_for(proxy)
     r = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Say yes."}], max_tokens=6, logprobs=True, top_logprobs=3, temperature=0
+        model="m",
+        messages=[{"role": "user", "content": "Say yes."}],
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=3,
+        temperature=0,
     )
     content = r.choices[0].logprobs.content
     assert content and all(isinstance(e.token, str) and e.logprob <= 0 for e in content)

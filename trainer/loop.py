@@ -86,7 +86,7 @@ class Trainer:
         )
         self.sync = WeightSync(weights_dir, proxy_url(cfg), cfg.proxy.admin_key)
         self.metrics = MetricsSink(self.run_dir)
-        self.stall = StallWatch()
+        self.stall = StallWatch(self.tcfg.stall_steps)
         self.state = checkpoint.TrainerState()
         self.stopping = False
         self.model: Any = None
@@ -227,10 +227,10 @@ class Trainer:
             checkpoint.save(
                 self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
             )
+        warning = self.stall.update(len(samples), [x.reward for x in sessions])
         self._log(step, trained_version, sessions, samples, result, dropped, len(skipped), waited, t_train, push_s)
-        stalled = self.stall.update(len(samples), [x.reward for x in sessions])
-        if stalled:
-            log.warning(stalled)
+        if warning:
+            log.warning(warning)
 
     def _checkpoint(self) -> None:
         checkpoint.save(
@@ -266,6 +266,8 @@ class Trainer:
             "push_s": push_s,
             "samples_per_s": len(samples) / max(t_train + push_s, 1e-6),
         }
+        if self.stall.stalled:
+            values["stalled_steps"] = self.stall.empty
         if result is not None:
             values.update({"loss": result.loss, "grad_norm": result.grad_norm, "tokens": result.tokens, **result.stats})
         self.metrics.log(step, values)

@@ -47,6 +47,11 @@ class StallWatch:
         self.limit = limit
         self._reset()
 
+    @property
+    def stalled(self) -> bool:
+        """Whether the last `limit` steps (or more) in a row trained nothing."""
+        return self.limit > 0 and self.empty >= self.limit
+
     def _reset(self) -> None:
         self.empty = 0
         self._count = 0
@@ -63,7 +68,7 @@ class StallWatch:
         self._count += len(rewards)
         self._sum += sum(rewards)
         self._low, self._high = min(self._low, *rewards), max(self._high, *rewards)
-        if self.empty % self.limit:
+        if not self.limit or self.empty % self.limit:
             return None
         mean = self._sum / self._count
         alike = self._low == self._high
@@ -108,4 +113,7 @@ def progress_rows(run_dir: Path, max_steps: int) -> list[tuple[str, str]]:
             ("samples/s (train)", f"{last['samples_per_s']:.1f}"),
             ("loss / grad norm", f"{last.get('loss', 0):.4f} / {last.get('grad_norm', 0):.3f}"),
         ]
+    if last.get("stalled_steps"):
+        n = last["stalled_steps"]
+        rows.append(("warning", f"nothing trained in {n} steps: every group scored alike (see trainer.log)"))
     return rows

@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, select
 
 from proxy.store.schema import sessions
 from tests.conftest import REPO
+from trainer.metrics import progress_rows, read_metrics
 from trainer.weights import default_weights_dir
 
 
@@ -144,3 +145,20 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     assert trained | dropped | skipped | waiting == finished_ever
     assert len(trained) + len(dropped) + len(skipped) + len(waiting) == len(finished_ever)
     assert not [r for r in rows if r.status == "open"], "the run closed its sessions"
+
+
+def test_a_run_that_learns_nothing_says_so(tmp_path):
+    """A reward that scores every sample alike (here always 0) leaves no group to train on;
+    after trainer.stall_steps such steps in a row the trainer warns in its log, its metrics
+    and the progress display."""
+    config = write_config(tmp_path, stall_steps=2)
+    run_dir = tmp_path / "run"
+    proc = train(config, "trainer.max_steps=2", "rollout.reward_fn=math_exact*0")
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    log = (run_dir / "trainer.log").read_text()
+    assert "no sample trained in the last 2 steps (every sample earned 0)" in log
+    assert "collapsed" in log
+    steps = [r for r in read_metrics(run_dir) if "reward_mean" in r]
+    assert [(r["step"], r["samples"], r.get("stalled_steps")) for r in steps] == [(1, 0, None), (2, 0, 2)]
+    assert dict(progress_rows(run_dir, 2))["warning"].startswith("nothing trained in 2 steps")

@@ -32,3 +32,9 @@ def test_all_right_reads_as_solved_not_collapsed():
     watch = StallWatch(limit=1)
     message = watch.update(0, [1.0] * 8)
     assert "every sample earned 1" in message and "solved" in message and "collapsed" not in message
+
+
+def test_limit_zero_never_warns():
+    watch = StallWatch(limit=0)
+    assert all(watch.update(0, [0.0] * 4) is None for _ in range(50))
+    assert not watch.stalled and watch.empty == 50

@@ -168,7 +168,7 @@ class TrainerConfig(Section):
     keep_checkpoints: int = 2
     """How many of the newest checkpoints to keep."""
     stall_steps: int = Field(default=20, ge=0)
-    """Warn (in trainer.log and the progress display) when this many steps in a row trained nothing
+    """Warn (trainer.log, metrics.jsonl, the progress display) when this many steps in a row trained nothing
     because every group scored alike: a collapsed or solved run (0: never)."""
     run_dir: str = "./runs/default"
     """Checkpoints, metrics and logs of this run."""

@@ -177,6 +177,9 @@ class TrainerConfig(Section):
     engine, else run_dir/weights."""
     seed: int = 0
     """Trainer seed."""
+    threads: int = Field(default=0, ge=0)
+    """Torch CPU threads of the trainer process (0 keeps torch's default, every core); set apart
+    from `engine.threads`, so the two can split a machine's cores between them."""
     poll_interval_s: float = 0.5
     """How often the trainer looks for finished sessions."""
     optim: OptimConfig = Field(default_factory=OptimConfig)

@@ -109,6 +109,9 @@ class Trainer:
         )
         self.model = AutoModelForCausalLM.from_pretrained(resume or base, dtype=dtype).to(self.device)
         self.model.eval()
+        n = torch.get_num_threads()
+        threads = f", {n} CPU thread{'s' if n != 1 else ''}" if self.device.type == "cpu" else ""
+        log.info("training %s on %s (%s%s)", resume or base, self.device, self.tcfg.dtype, threads)
         tokenizer = AutoTokenizer.from_pretrained(base)
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -296,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if cfg.engine.threads > 0:
-        torch.set_num_threads(cfg.engine.threads)
+    if cfg.trainer.threads > 0:
+        torch.set_num_threads(cfg.trainer.threads)
     return Trainer(cfg).run()
 
 

@@ -153,10 +153,11 @@ def test_a_run_that_learns_nothing_says_so(tmp_path):
     and the progress display."""
     config = write_config(tmp_path, stall_steps=2)
     run_dir = tmp_path / "run"
-    proc = train(config, "trainer.max_steps=2", "rollout.reward_fn=math_exact*0")
+    proc = train(config, "trainer.max_steps=2", "rollout.reward_fn=math_exact*0", "trainer.threads=1")
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
     log = (run_dir / "trainer.log").read_text()
+    assert "on cpu (float32, 1 CPU thread)" in log, "trainer.threads reaches the trainer process"
     assert "no sample trained in the last 2 steps (every sample earned 0)" in log
     assert "collapsed" in log
     steps = [r for r in read_metrics(run_dir) if "reward_mean" in r]

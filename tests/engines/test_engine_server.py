@@ -191,6 +191,14 @@ def test_pause_holds_requests_and_continue_finishes_them(engine):
         assert len(out["meta_info"]["output_token_logprobs"]) == 12
 
 
+def same_logprobs(a: list, b: list) -> bool:
+    """The same tokens with the same logprobs up to float noise: two greedy runs of one model can
+    differ in the last digits (batch shapes and CPU kernels change the summation order)."""
+    return [row[1:] for row in a] == [row[1:] for row in b] and all(
+        abs(x[0] - y[0]) <= 1e-4 for x, y in zip(a, b, strict=True)
+    )
+
+
 def test_update_weights_from_disk_mid_stream(engine, perturbed_weights, original_weights, tmp_path):
     body = {
         "input_ids": PROMPT,
@@ -222,7 +230,7 @@ def test_update_weights_from_disk_mid_stream(engine, perturbed_weights, original
     assert engine.get("/model_info").json()["weight_version"] == "1"
     after = generate(engine, max_new_tokens=4)
     assert after["meta_info"]["weight_versions"] == [{"version": "1", "start": 0, "end": 4}]
-    assert after["meta_info"]["output_token_logprobs"] != before, "the new weights are in use"
+    assert not same_logprobs(after["meta_info"]["output_token_logprobs"], before), "the new weights are in use"
 
     bad = engine.post("/update_weights_from_disk", json={"model_path": "/nonexistent", "weight_version": "9"})
     assert bad.status_code == 400 and bad.json()["success"] is False
@@ -232,13 +240,13 @@ def test_update_weights_from_disk_mid_stream(engine, perturbed_weights, original
     bad = engine.post("/update_weights_from_disk", json={"model_path": str(tmp_path), "weight_version": "9"})
     assert bad.status_code == 400 and "unexpected" in bad.json()["message"]
     assert engine.get("/model_info").json()["weight_version"] == "1"
-    assert (
-        generate(engine, max_new_tokens=4)["meta_info"]["output_token_logprobs"]
-        == after["meta_info"]["output_token_logprobs"]
+    assert same_logprobs(
+        generate(engine, max_new_tokens=4)["meta_info"]["output_token_logprobs"],
+        after["meta_info"]["output_token_logprobs"],
     )
     # a non-numeric label, then back to the original weights
     r = engine.post("/update_weights_from_disk", json={"model_path": str(original_weights), "weight_version": "step-2"})
     assert r.json()["success"] is True
     again = generate(engine, max_new_tokens=4)
     assert again["meta_info"]["weight_version"] == "step-2"
-    assert again["meta_info"]["output_token_logprobs"] == before
+    assert same_logprobs(again["meta_info"]["output_token_logprobs"], before)

@@ -152,6 +152,9 @@ class TrainerConfig(Section):
     """Token-level ratios (PPO) or sequence-level geometric mean (GSPO)."""
     kl_coef: float = 0.0
     """Coefficient of the KL penalty to the reference model (0 disables)."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of an entropy bonus in the loss (0 disables); the policy's entropy on trained tokens is
+    logged as `entropy` either way, so a collapse onto one reply per prompt shows early."""
     loss_agg: Literal["auto", "token_mean", "seq_mean", "token_sum_norm"] = "auto"
     """Loss aggregation: token mean, per-sequence mean, or Dr. GRPO's constant-normalised sum (auto picks it
     for drgrpo, token_mean otherwise)."""

@@ -35,6 +35,7 @@ from trainer.metrics import MetricsSink, StallWatch
 from trainer.step import recompute_proximal, train_step
 from trainer.weights import WeightSync, default_weights_dir
 
+_HALF = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 log = logging.getLogger("areal_trainer")
 
 
@@ -84,7 +85,10 @@ class Trainer:
             if self.tcfg.weights_dir
             else default_weights_dir(self.run_dir, cfg.engine.backend == "local")
         )
-        self.sync = WeightSync(weights_dir, proxy_url(cfg), cfg.proxy.admin_key)
+        # A local engine that runs in half precision gets its weights written in that dtype (half
+        # the bytes of a float32 push); other engines cast on load as they are configured to.
+        push_dtype = _HALF.get(cfg.engine.dtype) if cfg.engine.backend == "local" else None
+        self.sync = WeightSync(weights_dir, proxy_url(cfg), cfg.proxy.admin_key, dtype=push_dtype)
         self.metrics = MetricsSink(self.run_dir)
         self.stall = StallWatch(self.tcfg.stall_steps)
         self.state = checkpoint.TrainerState()
@@ -116,7 +120,12 @@ class Trainer:
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         o = self.tcfg.optim
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        # The fused kernel updates every tensor in one pass (on 2 CPU cores: 0.05 s a step for this
+        # 135M model instead of 0.4 s); torch has it for CPU and CUDA, not for NPU.
+        fused = True if self.device.type in ("cpu", "cuda") else None
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=fused
+        )
         if self.tcfg.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype).to(self.device).eval()
             self.ref_model.requires_grad_(False)
@@ -211,7 +220,9 @@ class Trainer:
             batches = pack(samples, self.tcfg.tokens_per_microbatch, self.pad_id)
             self._set_lr(step)
             if self.tcfg.minibatches > 1 and self.tcfg.proximal == "recompute":
-                recompute_proximal(self.model, batches, self.device)
+                recompute_proximal(
+                    self.model, batches, self.device, self.tcfg.tokens_per_microbatch, self.tcfg.autocast_bf16
+                )
             parts = [batches[i :: self.tcfg.minibatches] for i in range(self.tcfg.minibatches)]
             for part in (p for p in parts if p):
                 result = train_step(

@@ -9,7 +9,9 @@ decoupled objective separates the off-policy correction from the trust region:
 
 The asymmetric clip is DAPO's clip-higher (Yu et al. 2025). ratio_level="sequence" replaces u_t and w_t by
 GSPO's length-normalised sequence ratios (Zheng et al. 2025, arXiv 2507.18071). An optional k3 KL
-penalty to a reference model, exp(ref - logp) - (ref - logp) - 1 (Schulman 2020), is added per token.
+penalty to a reference model, exp(ref - logp) - (ref - logp) - 1 (Schulman 2020), is added per token,
+and an optional entropy bonus, -entropy_coef · H_t (H_t: entropy of the current policy at token t,
+at the sampling temperature), keeps exploration from collapsing onto one reply per prompt.
 The proximal policy is recomputed, or approximated by log-linear interpolation over policy versions
 (A-3PO, Li et al. 2025).
 """
@@ -103,6 +105,8 @@ def policy_loss(
     ref_logp: torch.Tensor | None = None,  # (B, T) reference policy
     kl_coef: float = 0.0,
     normaliser: float | None = None,
+    entropy: torch.Tensor | None = None,  # (B, T) current policy's entropy per token
+    entropy_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO loss (scalar) and stats; see the module docstring.
 
@@ -138,6 +142,8 @@ def policy_loss(
         d = torch.where(mask, ref_logp.detach() - logp, 0.0)
         kl = d.exp() - d - 1.0
         token_loss = token_loss + kl_coef * kl
+    if entropy is not None and entropy_coef:
+        token_loss = token_loss - entropy_coef * torch.where(mask, entropy, 0.0)
 
     loss = aggregate(token_loss, mask, loss_agg, normaliser)
     ratio = ratio.detach()
@@ -149,6 +155,8 @@ def policy_loss(
         "behav_weight_mean": _masked_mean(weight, mask),  # before the cap
         "kl": _masked_mean(kl.detach(), mask),
     }
+    if entropy is not None:
+        stats["entropy"] = _masked_mean(entropy.detach(), mask)
     return loss, stats
 
 

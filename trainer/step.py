@@ -23,40 +23,126 @@ from trainer.batch import PrefixGroup
 from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate
 
 
-def target_logprobs(model: Any, group: PrefixGroup, device: torch.device) -> torch.Tensor:
-    """log π(token) for every continuation position of a prefix group; (G, O), zero off the mask.
+def group_logprobs(
+    model: Any, groups: list[PrefixGroup], device: torch.device, entropy: bool = False
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """log π(token) for every continuation position of each prefix group, (G, O) each, zero off the
+    mask; with `entropy`, also the policy's entropy at those positions (same shapes), else [].
 
-    The prefix runs once; its KV is expanded over the G continuations (gradients from
-    every continuation flow back into the shared prefix activations).
+    The groups of one microbatch run as two batched forwards: their prefixes, right-padded to
+    the longest, then all their continuations on top of the prefix KV (each continuation row
+    gets its own group's keys and values, and an attention mask that hides the prefix padding).
+    A prefix still runs once however many continuations share it, and gradients from every
+    continuation flow back into it. Batching the groups turns many small matmuls into a few
+    larger ones, and the vocabulary-sized operations (the embedding lookup, the LM head over
+    target positions, and the tied embedding's gradient) happen once per microbatch.
     """
-    prefix = group.prefix.to(device)[None]  # (1, P)
-    cont = group.continuation.to(device)  # (G, O)
-    g = cont.shape[0]
+    k = len(groups)
+    p_len = torch.tensor([g.prefix.shape[0] for g in groups], device=device)
+    rows = torch.tensor([g.continuation.shape[0] for g in groups], device=device)
+    p_max = int(p_len.max())
+    o_max = max(g.continuation.shape[1] for g in groups)
+    pad = 0
+    prefix = torch.full((k, p_max), pad, dtype=torch.long)
+    cont = torch.full((int(rows.sum()), o_max), pad, dtype=torch.long)
+    sel = torch.zeros(cont.shape, dtype=torch.bool)
+    temps = torch.ones(cont.shape[0])
+    r = 0
+    for i, g in enumerate(groups):
+        n, o = g.continuation.shape
+        prefix[i, : g.prefix.shape[0]] = g.prefix
+        cont[r : r + n, :o] = g.continuation
+        sel[r : r + n, :o] = g.loss_mask
+        temps[r : r + n] = g.temperature
+        r += n
+    prefix, cont, sel, temps = prefix.to(device), cont.to(device), sel.to(device), temps.to(device)
+    ragged = bool((p_len < p_max).any())
+    prefix_mask = torch.arange(p_max, device=device)[None] < p_len[:, None]  # (K, P)
+
     cache = DynamicCache()
-    head = model.base_model(input_ids=prefix, cache=cache, use_cache=True).last_hidden_state[:, -1:]  # (1, 1, H)
-    shared = DynamicCache(
-        ddp_cache_data=[
-            (layer.keys.expand(g, -1, -1, -1), layer.values.expand(g, -1, -1, -1)) for layer in cache.layers
-        ]
+    out = model.base_model(
+        input_ids=prefix, attention_mask=prefix_mask.long() if ragged else None, cache=cache, use_cache=True
     )
-    body = model.base_model(input_ids=cont, cache=shared, use_cache=True).last_hidden_state  # (G, O, H)
-    hidden = torch.cat([head.expand(g, -1, -1), body[:, :-1]], dim=1)  # predicts cont[:, j] from position j-1
-    sel = group.loss_mask.to(device)
+    head = out.last_hidden_state[torch.arange(k, device=device), p_len - 1]  # (K, H): predicts cont[:, 0]
+    owner = torch.repeat_interleave(torch.arange(k, device=device), rows)  # (R,) group of each row
+    if k == 1:
+        layers = [
+            (layer.keys.expand(cont.shape[0], -1, -1, -1), layer.values.expand(cont.shape[0], -1, -1, -1))
+            for layer in cache.layers
+        ]
+    else:
+        layers = [(layer.keys[owner], layer.values[owner]) for layer in cache.layers]
+    mask = None
+    if ragged:
+        mask = torch.cat([prefix_mask[owner], torch.ones(cont.shape, dtype=torch.bool, device=device)], dim=1).long()
+    positions = p_len[owner][:, None] + torch.arange(o_max, device=device)[None]
+    body = model.base_model(
+        input_ids=cont,
+        attention_mask=mask,
+        position_ids=positions,
+        cache=DynamicCache(ddp_cache_data=layers),
+        use_cache=True,
+    ).last_hidden_state  # (R, O, H)
+    hidden = torch.cat([head[owner][:, None], body[:, :-1]], dim=1)  # position j predicts cont[:, j]
     logits = model.get_output_embeddings()(hidden[sel]).float()  # (N, V)
-    temps = group.temperature.to(device)[:, None].expand_as(sel)[sel]
-    logits = logits / temps[:, None]
+    logits = logits / temps[:, None].expand_as(sel)[sel][:, None]
     targets = cont[sel]
-    picked = logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    out = torch.zeros(sel.shape, dtype=torch.float32, device=device)
-    return out.masked_scatter(sel, picked)
+    norm = torch.logsumexp(logits, dim=-1)
+    per_token = [logits.gather(-1, targets[:, None]).squeeze(-1) - norm]
+    if entropy:
+        per_token.append(norm - (torch.softmax(logits, dim=-1) * logits).sum(-1))
+    outs: list[list[torch.Tensor]] = []
+    for values in per_token:
+        full = torch.zeros(sel.shape, dtype=torch.float32, device=device).masked_scatter(sel, values)
+        rows = [g.continuation.shape for g in groups]
+        starts = [sum(n for n, _ in rows[:i]) for i in range(len(rows))]
+        outs.append([full[r : r + n, :o] for r, (n, o) in zip(starts, rows)])
+    return outs[0], (outs[1] if entropy else [])
 
 
-def recompute_proximal(model: Any, groups: list[PrefixGroup], device: torch.device) -> None:
-    """Store the current policy's logprobs on each group before several updates."""
+def target_logprobs(model: Any, group: PrefixGroup, device: torch.device) -> torch.Tensor:
+    """log π(token) for every continuation position of one prefix group; (G, O), zero off the mask."""
+    return group_logprobs(model, [group], device)[0][0]
+
+
+def microbatches(groups: list[PrefixGroup], tokens_per_microbatch: int) -> list[list[PrefixGroup]]:
+    """Consecutive groups packed into forward passes of at most `tokens_per_microbatch` tokens each,
+    counting the padding `group_logprobs` adds (every prefix padded to the longest, every
+    continuation to the widest); a group over the budget on its own, which `pack` avoids, still
+    gets a pass of its own."""
+    out: list[list[PrefixGroup]] = []
+    p_max = o_max = rows = 0
+    for group in groups:
+        g, o = group.continuation.shape
+        p = group.prefix.shape[0]
+        grown = (len(out[-1]) + 1) * max(p_max, p) + (rows + g) * max(o_max, o) if out else 0
+        if out and grown <= tokens_per_microbatch:
+            out[-1].append(group)
+            p_max, o_max, rows = max(p_max, p), max(o_max, o), rows + g
+        else:
+            out.append([group])
+            p_max, o_max, rows = p, o, g
+    return out
+
+
+def recompute_proximal(
+    model: Any,
+    groups: list[PrefixGroup],
+    device: torch.device,
+    tokens_per_microbatch: int = 1 << 62,
+    autocast_bf16: bool = False,
+) -> None:
+    """Store the current policy's logprobs on each group before several updates (under the same
+    autocast as the training forward, so the ratio to them starts at 1 up to that precision)."""
     model.eval()
-    with torch.no_grad():
-        for group in groups:
-            group.prox_logprobs = target_logprobs(model, group, device).cpu()
+    with torch.no_grad(), _autocast(device, autocast_bf16):
+        for chunk in microbatches(groups, tokens_per_microbatch):
+            for group, logp in zip(chunk, group_logprobs(model, chunk, device)[0]):
+                group.prox_logprobs = logp.cpu()
+
+
+def _autocast(device: torch.device, bf16: bool) -> Any:
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
 @dataclass
@@ -86,50 +172,54 @@ def train_step(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     normaliser = normaliser_for(batches, cfg.loss_agg)
-    autocast = (
-        torch.autocast(device_type=device.type, dtype=torch.bfloat16) if cfg.autocast_bf16 else contextlib.nullcontext()
-    )
+    autocast = _autocast(device, cfg.autocast_bf16)
     total_loss, tokens = 0.0, 0
     sums: dict[str, float] = {}
-    for mb in batches:
-        mask = mb.loss_mask.to(device)
-        behav = mb.behav_logprobs.to(device)
+    for chunk in microbatches(batches, cfg.tokens_per_microbatch):
         with autocast:
-            logp = target_logprobs(model, mb, device)
-        if mb.prox_logprobs is not None:
-            prox = mb.prox_logprobs.to(device)
-        elif cfg.proximal == "behaviour":
-            prox = behav
-        elif cfg.proximal == "interpolate":
-            prox = proximal_logprobs_interpolate(behav, logp.detach(), mb.versions.to(device), version + 1, version)
-        else:
-            prox = logp.detach()
-        ref = None
+            logps, entropies = group_logprobs(model, chunk, device, entropy=True)
+        if not cfg.entropy_coef:
+            entropies = [e.detach() for e in entropies]  # logged only
+        refs: list[torch.Tensor | None] = [None] * len(chunk)
         if ref_model is not None and cfg.kl_coef > 0:
             with torch.no_grad(), autocast:
-                ref = target_logprobs(ref_model, mb, device)
-        loss, stats = policy_loss(
-            logp,
-            prox,
-            behav,
-            mb.advantages.to(device),
-            mask,
-            eps_clip=cfg.eps_clip,
-            eps_clip_high=cfg.eps_clip_high,
-            behav_cap=cfg.behav_cap,
-            behav_cap_mode=cfg.behav_cap_mode,
-            ratio_level=cfg.ratio_level,
-            loss_agg=cfg.loss_agg,
-            ref_logp=ref,
-            kl_coef=cfg.kl_coef,
-            normaliser=normaliser,
-        )
-        loss.backward()
-        n = mb.num_tokens
-        total_loss += float(loss.detach())
-        tokens += n
-        for key, value in stats.items():
-            sums[key] = sums.get(key, 0.0) + float(value) * n
+                refs = list(group_logprobs(ref_model, chunk, device)[0])
+        losses = []
+        for mb, logp, ent, ref in zip(chunk, logps, entropies, refs):
+            behav = mb.behav_logprobs.to(device)
+            if mb.prox_logprobs is not None:
+                prox = mb.prox_logprobs.to(device)
+            elif cfg.proximal == "behaviour":
+                prox = behav
+            elif cfg.proximal == "interpolate":
+                prox = proximal_logprobs_interpolate(behav, logp.detach(), mb.versions.to(device), version + 1, version)
+            else:
+                prox = logp.detach()
+            loss, stats = policy_loss(
+                logp,
+                prox,
+                behav,
+                mb.advantages.to(device),
+                mb.loss_mask.to(device),
+                eps_clip=cfg.eps_clip,
+                eps_clip_high=cfg.eps_clip_high,
+                behav_cap=cfg.behav_cap,
+                behav_cap_mode=cfg.behav_cap_mode,
+                ratio_level=cfg.ratio_level,
+                loss_agg=cfg.loss_agg,
+                ref_logp=ref,
+                kl_coef=cfg.kl_coef,
+                normaliser=normaliser,
+                entropy=ent,
+                entropy_coef=cfg.entropy_coef,
+            )
+            losses.append(loss)
+            n = mb.num_tokens
+            total_loss += float(loss.detach())
+            tokens += n
+            for key, value in stats.items():
+                sums[key] = sums.get(key, 0.0) + float(value) * n
+        torch.stack(losses).sum().backward()  # one backward per microbatch
     params = [p for p in model.parameters() if p.grad is not None]
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))

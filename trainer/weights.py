@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 
 
-def write_weights(model: Any, target: Path) -> None:
-    """config.json + model.safetensors (tied weights stored once), as from_pretrained reads them."""
+def write_weights(model: Any, target: Path, dtype: torch.dtype | None = None) -> None:
+    """config.json + model.safetensors (tied weights stored once), as from_pretrained reads them;
+    floating-point tensors cast to `dtype` when given (the engine's: half the bytes to write and
+    read for a bfloat16 engine, and the same values it would round to when loading)."""
     from safetensors.torch import save_file
 
     tmp = target.with_name(target.name + ".tmp")
@@ -28,13 +31,17 @@ def write_weights(model: Any, target: Path) -> None:
     model.config.save_pretrained(tmp)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     state = {
-        name: tensor.detach().contiguous()
+        name: _as(tensor.detach(), dtype).contiguous()
         for name, tensor in model.state_dict().items()
         if not (tied and name == "lm_head.weight")
     }
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
+
+
+def _as(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 
 SHM_ROOT = Path("/dev/shm/areal-proxy")
@@ -54,8 +61,16 @@ def default_weights_dir(run_dir: Path, local_engine: bool) -> Path:
 
 
 class WeightSync:
-    def __init__(self, root: Path, proxy_url: str, admin_key: str = "", timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        proxy_url: str,
+        admin_key: str = "",
+        timeout_s: float = 600.0,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         self.root = root
+        self.dtype = dtype
         self.proxy_url = proxy_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
         self.timeout_s = timeout_s
@@ -70,7 +85,7 @@ class WeightSync:
         started = time.perf_counter()
         self.root.mkdir(parents=True, exist_ok=True)
         target = self.root / f"v{version:07d}"
-        write_weights(model, target)
+        write_weights(model, target, self.dtype)
         for attempt in range(5):
             try:
                 r = httpx.post(

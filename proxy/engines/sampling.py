@@ -24,6 +24,28 @@ class Sampled:
     top_logprobs: list[list[tuple[int, float]] | None]
 
 
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """Per row of `probs` (R, V), the first index whose cumulative probability exceeds u × the row
+    total (u in [0, 1)): a draw from the row's distribution. A token of probability 0 is never
+    chosen. In two levels, so no cumulative sum runs over the whole vocabulary: block totals
+    (float64) pick the block, then a cumulative sum over that block's `block` entries picks the
+    token.
+    """
+    rows = probs.shape[0]
+    pad = -probs.shape[1] % block
+    blocks = torch.nn.functional.pad(probs, (0, pad)).view(rows, -1, block)
+    ends = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # (R, blocks): mass up to each block's end
+    target = u * ends[:, -1]
+    b = torch.searchsorted(ends, target[:, None], right=True).squeeze(-1).clamp_(max=ends.shape[1] - 1)
+    start = torch.where(b > 0, ends.gather(-1, (b - 1).clamp(min=0)[:, None]).squeeze(-1), 0.0)
+    inside = blocks[torch.arange(rows, device=probs.device), b]  # (R, block)
+    j = torch.searchsorted(inside.double().cumsum(-1), (target - start)[:, None], right=True).squeeze(-1)
+    # Rounding between the block total and its cumulative sum could step past the block's last
+    # token of positive probability; never onto a zero.
+    last = block - 1 - (inside > 0).flip(-1).int().argmax(-1)
+    return b * block + torch.minimum(j, last)
+
+
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Mask logits outside each row's top-k / nucleus with -inf. logits (R, V); top_k, top_p (R,)."""
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
@@ -55,15 +77,16 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> Sampled:
     """Draw one token per row of `logits` (R, V)."""
     logprobs = process_logits(logits, params)
-    # Exponential race: argmax(log p - log E) with E ~ Exp(1) draws from p. One batched
-    # argmax for all rows; each seeded row fills its own noise from its own generator.
-    noise = torch.empty_like(logprobs).exponential_()
+    # Inverse transform sampling: one uniform number per row (from the row's own generator when
+    # it is seeded), then the first token whose cumulative probability passes it. One random
+    # number a row instead of one per vocabulary entry: on a 2-core CPU, 64 rows × 49k tokens
+    # took ~160 ms a decode step with per-row exponential noise and ~2 ms this way.
+    u = torch.rand(len(params), dtype=torch.float64, device=logprobs.device)
     for row, gen in enumerate(generators):
         if gen is not None:
-            noise[row].exponential_(generator=gen)
+            u[row] = torch.rand((), dtype=torch.float64, generator=gen, device=gen.device)
     greedy = torch.tensor([p.greedy for p in params], device=logprobs.device)
-    scores = torch.where(greedy.unsqueeze(-1), logprobs, logprobs - noise.log())
-    chosen_ids = torch.argmax(scores, dim=-1)
+    chosen_ids = torch.where(greedy, torch.argmax(logprobs, dim=-1), inverse_cdf(logprobs.exp(), u))
     token_ids = chosen_ids.tolist()
     chosen = logprobs.gather(-1, chosen_ids.unsqueeze(-1)).squeeze(-1)
     tops: list[list[tuple[int, float]] | None] = [None] * len(params)

@@ -13,7 +13,7 @@ from proxy.config import TrainerConfig
 from rewards.export import SessionSamples
 from trainer.batch import Sample, build_samples, pack
 from trainer.loop import session_advantages
-from trainer.step import target_logprobs, train_step
+from trainer.step import group_logprobs, microbatches, target_logprobs, train_step
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +78,52 @@ def test_prefix_sharing_gives_the_same_gradients(tiny):
     sum(sum(naive_logprobs(b, s)) for s in SAMPLES).backward()
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.allclose(pa.grad, pb.grad, atol=1e-5), name
+
+
+RAGGED = [
+    *SAMPLES,
+    sample([40, 41, 42, 43, 44, 45, 50, 51], [0, 0, 0, 0, 0, 0, 1, 1]),  # a longer prefix
+    sample([40, 41, 42, 43, 44, 45, 52], [0, 0, 0, 0, 0, 0, 1], temperature=1.3),
+    sample([60, 61, 62], [0, 0, 1]),  # a shorter one
+]
+
+
+def test_batched_groups_match_naive_logprobs_and_gradients(tiny):
+    """Groups of different prefix lengths and widths in one padded forward: same values and
+    gradients as each sequence run on its own (the padding is masked, positions continue)."""
+    a, b = copy.deepcopy(tiny), copy.deepcopy(tiny)
+    groups = pack(RAGGED, tokens_per_microbatch=1000, pad_id=0)
+    assert sorted(g.prefix.shape[0] for g in groups) == [2, 3, 3, 6]
+    assert len(microbatches(groups, 1000)) == 1, "all in one forward"
+    logps, entropies = group_logprobs(a, groups, torch.device("cpu"), entropy=True)
+    got, got_entropy = {}, {}
+    for g, lp, ent in zip(groups, logps, entropies):
+        assert lp.shape == g.continuation.shape
+        assert not lp[~g.loss_mask].any(), "zero off the mask"
+        for row in range(lp.shape[0]):
+            ids = g.prefix.tolist() + g.continuation[row][: int(g.loss_mask[row].nonzero().max()) + 1].tolist()
+            got[tuple(ids)] = lp[row][g.loss_mask[row]]
+            got_entropy[tuple(ids)] = ent[row][g.loss_mask[row]]
+    for s in RAGGED:
+        expected = torch.stack(naive_logprobs(b, s))
+        assert got[tuple(s.input_ids)].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+        with torch.no_grad():
+            logits = b(torch.tensor([s.input_ids])).logits[0] / s.temperature
+        at = [t - 1 for t in range(1, len(s.input_ids)) if s.loss_mask[t]]
+        naive_entropy = torch.distributions.Categorical(logits=logits[at]).entropy()
+        assert got_entropy[tuple(s.input_ids)].tolist() == pytest.approx(naive_entropy.tolist(), abs=1e-5)
+    sum(lp[g.loss_mask].sum() for g, lp in zip(groups, logps)).backward()
+    sum(sum(naive_logprobs(b, s)) for s in RAGGED).backward()
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-5), name
+
+
+def test_microbatches_count_the_padding():
+    groups = pack(RAGGED, tokens_per_microbatch=1000, pad_id=0)
+    by_prefix = {g.prefix.shape[0]: g for g in groups}
+    long, short = by_prefix[6], by_prefix[2]  # 6 + 2 rows x 2 wide; 2 + 1 row x 1 wide
+    assert [len(c) for c in microbatches([long, short], 2 * 6 + 3 * 2)] == [2]
+    assert [len(c) for c in microbatches([long, short], 2 * 6 + 3 * 2 - 1)] == [1, 1]
 
 
 def test_budget_splits_large_groups():

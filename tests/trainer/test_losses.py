@@ -165,6 +165,26 @@ def test_kl_k3_penalty():
     _close(logp.grad, [[0.05]])
 
 
+def test_entropy_bonus():
+    # ratio 1, A = [1, 0, 5] with the third token masked out; entropies H = [0.5, 1.0, 9.0].
+    # token losses -1 - 0.1 * 0.5 = -1.05 and 0 - 0.1 * 1.0 = -0.1; token mean over 2: -0.575
+    # d loss / d H = -0.1 / 2 on the two trained tokens, 0 on the masked one; logged entropy 0.75
+    logp = torch.zeros(1, 3, requires_grad=True)
+    ent = torch.tensor([[0.5, 1.0, 9.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    adv = torch.tensor([[1.0, 0.0, 5.0]])
+    loss, stats = policy_loss(logp, logp.detach(), logp.detach(), adv, mask, entropy=ent, entropy_coef=0.1, **DEFAULTS)
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.575)
+    _close(ent.grad, [[-0.05, -0.05, 0.0]])
+    assert stats["entropy"] == pytest.approx(0.75)
+    # coefficient 0: the entropy is logged and changes nothing
+    plain, _ = policy_loss(logp, logp.detach(), logp.detach(), adv, mask, **DEFAULTS)
+    logged, stats = policy_loss(logp, logp.detach(), logp.detach(), adv, mask, entropy=ent.detach(), **DEFAULTS)
+    assert logged.item() == plain.item() == pytest.approx(-0.5)
+    assert stats["entropy"] == pytest.approx(0.75)
+
+
 def test_aggregation_modes():
     # ratio 1, weight 1: token loss -A. Masked: row 0 -> 1, 2, 3; row 1 -> 4 (padding holds 9s)
     adv = [[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]]

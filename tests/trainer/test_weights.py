@@ -1,0 +1,47 @@
+"""Pushed weights: a Hugging Face directory from_pretrained reads, in the engine's dtype when given."""
+
+from __future__ import annotations
+
+import torch
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from trainer.weights import write_weights
+
+
+def tiny(tied: bool) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def test_weights_are_written_as_the_model_holds_them(tmp_path):
+    model = tiny(tied=True)
+    write_weights(model, tmp_path / "v1")
+    state = load_file(str(tmp_path / "v1" / "model.safetensors"))
+    assert "lm_head.weight" not in state, "a tied head is stored once"
+    assert all(t.dtype == torch.float32 for t in state.values())
+    back = LlamaForCausalLM.from_pretrained(tmp_path / "v1")
+    for (name, a), b in zip(model.named_parameters(), back.parameters()):
+        assert torch.equal(a, b), name
+    assert not (tmp_path / "v1.tmp").exists()
+
+
+def test_weights_in_the_engine_dtype_round_as_the_engine_would(tmp_path):
+    model = tiny(tied=False)
+    write_weights(model, tmp_path / "v2", torch.bfloat16)
+    state = load_file(str(tmp_path / "v2" / "model.safetensors"))
+    assert "lm_head.weight" in state
+    assert {t.dtype for t in state.values()} == {torch.bfloat16}
+    engine = tiny(tied=False).to(torch.bfloat16)
+    engine.load_state_dict(state)
+    for (name, a), b in zip(model.named_parameters(), engine.parameters()):
+        assert torch.equal(a.detach().to(torch.bfloat16), b), name

@@ -105,23 +105,27 @@ def target_logprobs(model: Any, group: PrefixGroup, device: torch.device) -> tor
     return group_logprobs(model, [group], device)[0][0]
 
 
+def padded_cost(groups: list[PrefixGroup]) -> int:
+    """Tokens one `group_logprobs` pass over `groups` holds: every prefix padded to the longest,
+    every continuation to the widest, and, when several groups share the pass, each continuation
+    row's own copy of its prefix keys/values (counted as prefix tokens: an overestimate of their
+    memory, which is a fraction of a token's activations)."""
+    p = max(g.prefix.shape[0] for g in groups)
+    o = max(g.continuation.shape[1] for g in groups)
+    rows = sum(g.continuation.shape[0] for g in groups)
+    return len(groups) * p + rows * o + (rows * p if len(groups) > 1 else 0)
+
+
 def microbatches(groups: list[PrefixGroup], tokens_per_microbatch: int) -> list[list[PrefixGroup]]:
-    """Consecutive groups packed into forward passes of at most `tokens_per_microbatch` tokens each,
-    counting the padding `group_logprobs` adds (every prefix padded to the longest, every
-    continuation to the widest); a group over the budget on its own, which `pack` avoids, still
-    gets a pass of its own."""
+    """Consecutive groups packed into passes of at most `tokens_per_microbatch` tokens of
+    `padded_cost` each; a group over the budget on its own, which `pack` avoids, still gets a
+    pass of its own."""
     out: list[list[PrefixGroup]] = []
-    p_max = o_max = rows = 0
     for group in groups:
-        g, o = group.continuation.shape
-        p = group.prefix.shape[0]
-        grown = (len(out[-1]) + 1) * max(p_max, p) + (rows + g) * max(o_max, o) if out else 0
-        if out and grown <= tokens_per_microbatch:
+        if out and padded_cost([*out[-1], group]) <= tokens_per_microbatch:
             out[-1].append(group)
-            p_max, o_max, rows = max(p_max, p), max(o_max, o), rows + g
         else:
             out.append([group])
-            p_max, o_max, rows = p, o, g
     return out
 
 

@@ -13,7 +13,7 @@ from proxy.config import TrainerConfig
 from rewards.export import SessionSamples
 from trainer.batch import Sample, build_samples, pack
 from trainer.loop import session_advantages
-from trainer.step import group_logprobs, microbatches, target_logprobs, train_step
+from trainer.step import group_logprobs, microbatches, padded_cost, target_logprobs, train_step
 
 
 @pytest.fixture(scope="module")
@@ -118,12 +118,15 @@ def test_batched_groups_match_naive_logprobs_and_gradients(tiny):
         assert torch.allclose(pa.grad, pb.grad, atol=1e-5), name
 
 
-def test_microbatches_count_the_padding():
+def test_microbatches_count_the_padding_and_the_copied_prefixes():
     groups = pack(RAGGED, tokens_per_microbatch=1000, pad_id=0)
     by_prefix = {g.prefix.shape[0]: g for g in groups}
     long, short = by_prefix[6], by_prefix[2]  # 6 + 2 rows x 2 wide; 2 + 1 row x 1 wide
-    assert [len(c) for c in microbatches([long, short], 2 * 6 + 3 * 2)] == [2]
-    assert [len(c) for c in microbatches([long, short], 2 * 6 + 3 * 2 - 1)] == [1, 1]
+    assert padded_cost([long]) == 6 + 2 * 2
+    # together: 2 prefixes x 6 + 3 rows x 2 + 3 rows x 6 copied prefix keys/values = 36
+    assert padded_cost([long, short]) == 36
+    assert [len(c) for c in microbatches([long, short], 36)] == [2]
+    assert [len(c) for c in microbatches([long, short], 35)] == [1, 1]
 
 
 def test_budget_splits_large_groups():

@@ -138,6 +138,12 @@ class TrainerConfig(Section):
     """With skip_zero_variance: keep claiming until batch_size sessions of groups whose rewards
     differ are in hand, so every step trains a full batch (DAPO); off: a step trains the part of
     its batch_size claimed sessions that has reward variance."""
+    unsolved_advantage: float = Field(default=0.0, le=0)
+    """Advantage of every sample of an unsolved group (rewards all equal and below the mean of the
+    sessions claimed with it: failed every time while other tasks were solved), which is then
+    trained instead of skipped. Negative: probability moves away from those failures, so a prompt
+    nothing solves still teaches something and its answers do not drift unchecked (negative
+    sample reinforcement, Zhu et al. 2025, arXiv 2506.01347). 0: skipped like any flat group."""
     eps_clip: float = 0.2
     """PPO clip range below 1."""
     eps_clip_high: float = 0.28

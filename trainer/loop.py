@@ -46,16 +46,30 @@ def proxy_url(cfg: Config) -> str:
     return f"http://{host}:{cfg.proxy.port}"
 
 
-def session_advantages(sessions: list[SessionSamples], estimator: str) -> tuple[dict, dict, list[str], list[str]]:
-    """Per-session baseline and scale from the group estimator; (baseline, scale, kept, skipped)."""
+def session_advantages(
+    sessions: list[SessionSamples], estimator: str, unsolved_advantage: float = 0.0
+) -> tuple[dict, dict, list[str], list[str]]:
+    """Per-session baseline and scale from the group estimator; (baseline, scale, kept, skipped).
+
+    With `unsolved_advantage` (< 0), a group whose rewards are all equal and below the mean reward
+    of `sessions` (a task failed every time while others were solved) is kept instead of skipped,
+    every session of it with that advantage: baseline r - unsolved_advantage, scale 1.
+    """
     groups = {g: i for i, g in enumerate(dict.fromkeys(s.group_id for s in sessions))}
     rewards = torch.tensor([s.reward for s in sessions], dtype=torch.float64)
     group_ids = torch.tensor([groups[s.group_id] for s in sessions])
     adv = ADVANTAGES[estimator](rewards, group_ids)
     baseline = {s.session_id: float(adv.baseline[i]) for i, s in enumerate(sessions)}
     scale = {s.session_id: float(adv.scale[i]) or 1.0 for i, s in enumerate(sessions)}
-    skipped = [s.session_id for i, s in enumerate(sessions) if bool(adv.skipped[i])]
-    kept = [s.session_id for i, s in enumerate(sessions) if not bool(adv.skipped[i])]
+    skip = adv.skipped.clone()
+    if unsolved_advantage and sessions:
+        unsolved = adv.skipped & (rewards < rewards.mean())
+        for i in unsolved.nonzero().flatten().tolist():
+            baseline[sessions[i].session_id] = float(rewards[i]) - unsolved_advantage
+            scale[sessions[i].session_id] = 1.0
+        skip &= ~unsolved
+    skipped = [s.session_id for i, s in enumerate(sessions) if bool(skip[i])]
+    kept = [s.session_id for i, s in enumerate(sessions) if not bool(skip[i])]
     return baseline, scale, kept, skipped
 
 
@@ -70,6 +84,7 @@ class _Batch:
     scale: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     dropped: int = 0
+    unsolved: int = 0  # kept sessions of unsolved groups (trainer.unsolved_advantage)
 
 
 class Trainer:
@@ -98,6 +113,7 @@ class Trainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.pad_id = 0
         self.tokenizer: Any = None
+        self._unsolved = 0  # sessions of unsolved groups in the step being logged
 
     # -- setup ----------------------------------------------------------------------
     def setup(self) -> None:
@@ -197,7 +213,7 @@ class Trainer:
         """Load claimed sessions into the next step's batch; groups without reward variance are
         marked skipped (with skip_zero_variance) and only counted."""
         sessions = self.db.read(lambda c: load_samples(c, session_ids))
-        baseline, scale, kept, skipped = session_advantages(sessions, self.tcfg.advantage)
+        baseline, scale, kept, skipped = session_advantages(sessions, self.tcfg.advantage, self.tcfg.unsolved_advantage)
         batch.baseline.update(baseline)
         batch.scale.update(scale)
         if skipped and self.tcfg.skip_zero_variance:
@@ -205,6 +221,10 @@ class Trainer:
             batch.skipped += skipped
             keep = set(kept)
             batch.kept += [s for s in sessions if s.session_id in keep]
+            rewards: dict[str, set[float]] = {}
+            for s in sessions:
+                rewards.setdefault(s.group_id, set()).add(s.reward)
+            batch.unsolved += sum(1 for s in sessions if s.session_id in keep and len(rewards[s.group_id]) == 1)
         else:
             batch.kept += sessions
         batch.sessions += sessions
@@ -212,6 +232,7 @@ class Trainer:
     def _train(self, batch: _Batch, waited: float) -> None:
         t0 = time.time()
         sessions, train_on, skipped, dropped = batch.sessions, batch.kept, batch.skipped, batch.dropped
+        self._unsolved = batch.unsolved
         samples = build_samples(train_on, self.tcfg.style, batch.baseline, batch.scale)
         step = self.state.step + 1
         trained_version = self.state.version  # the policy these sessions are measured against
@@ -280,6 +301,8 @@ class Trainer:
             "push_s": push_s,
             "samples_per_s": len(samples) / max(t_train + push_s, 1e-6),
         }
+        if self.tcfg.unsolved_advantage:
+            values["unsolved_trained"] = self._unsolved
         if self.stall.stalled:
             values["stalled_steps"] = self.stall.empty
         if result is not None:

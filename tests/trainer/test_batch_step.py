@@ -166,3 +166,22 @@ def test_zero_variance_groups_are_skipped():
     assert kept == ["a1", "a2"] and skipped == ["b1", "b2"]
     assert baseline["a1"] == pytest.approx(0.5)
     assert build_samples([], "individual", baseline, scale) == []
+
+
+def test_unsolved_groups_get_the_unsolved_advantage():
+    def s(sid: str, group: str, reward: float) -> SessionSamples:
+        return SessionSamples(sid, group, group, reward, 0, [], [])
+
+    sessions = [
+        *(s(f"a{i}", "a", r) for i, r in enumerate([1.0, 0.0])),  # variance: GRPO as usual
+        *(s(f"b{i}", "b", 1.0) for i in range(2)),  # solved every time: skipped
+        *(s(f"c{i}", "c", 0.0) for i in range(3)),  # failed every time: advantage -0.3
+    ]
+    baseline, scale, kept, skipped = session_advantages(sessions, "grpo", unsolved_advantage=-0.3)
+    assert kept == ["a0", "a1", "c0", "c1", "c2"] and skipped == ["b0", "b1"]
+    assert (0.0 - baseline["c0"]) / scale["c0"] == pytest.approx(-0.3)
+    assert (1.0 - baseline["a0"]) / scale["a0"] == pytest.approx(0.5 / 0.5**0.5 / (1 + 2e-6), rel=1e-4)
+    # Without it, or when nothing in the claim did better (mean 0), a failed group is skipped.
+    assert session_advantages(sessions, "grpo")[3] == ["b0", "b1", "c0", "c1", "c2"]
+    only_failures = [s("d0", "d", 0.0), s("d1", "d", 0.0)]
+    assert session_advantages(only_failures, "grpo", unsolved_advantage=-0.3)[3] == ["d0", "d1"]

@@ -221,12 +221,13 @@ class Trainer:
             batch.skipped += skipped
             keep = set(kept)
             batch.kept += [s for s in sessions if s.session_id in keep]
+        else:
+            batch.kept += sessions
+        if self.tcfg.unsolved_advantage:
             rewards: dict[str, set[float]] = {}
             for s in sessions:
                 rewards.setdefault(s.group_id, set()).add(s.reward)
-            batch.unsolved += sum(1 for s in sessions if s.session_id in keep and len(rewards[s.group_id]) == 1)
-        else:
-            batch.kept += sessions
+            batch.unsolved += sum(1 for s in sessions if s.session_id in set(kept) and len(rewards[s.group_id]) == 1)
         batch.sessions += sessions
 
     def _train(self, batch: _Batch, waited: float) -> None:

@@ -227,7 +227,8 @@ class Trainer:
             rewards: dict[str, set[float]] = {}
             for s in sessions:
                 rewards.setdefault(s.group_id, set()).add(s.reward)
-            batch.unsolved += sum(1 for s in sessions if s.session_id in set(kept) and len(rewards[s.group_id]) == 1)
+            kept_ids = set(kept)
+            batch.unsolved += sum(1 for s in sessions if s.session_id in kept_ids and len(rewards[s.group_id]) == 1)
         batch.sessions += sessions
 
     def _train(self, batch: _Batch, waited: float) -> None:

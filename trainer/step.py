@@ -20,7 +20,8 @@ from transformers.cache_utils import DynamicCache
 
 from proxy.config import TrainerConfig
 from trainer.batch import PrefixGroup
-from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate
+from trainer.losses import entropy as token_entropy
+from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate, token_logprobs
 
 
 def group_logprobs(
@@ -42,7 +43,7 @@ def group_logprobs(
     rows = torch.tensor([g.continuation.shape[0] for g in groups], device=device)
     p_max = int(p_len.max())
     o_max = max(g.continuation.shape[1] for g in groups)
-    pad = 0
+    pad = 0  # any id: padded positions are masked out of attention and of the loss
     prefix = torch.full((k, p_max), pad, dtype=torch.long)
     cont = torch.full((int(rows.sum()), o_max), pad, dtype=torch.long)
     sel = torch.zeros(cont.shape, dtype=torch.bool)
@@ -86,17 +87,15 @@ def group_logprobs(
     hidden = torch.cat([head[owner][:, None], body[:, :-1]], dim=1)  # position j predicts cont[:, j]
     logits = model.get_output_embeddings()(hidden[sel]).float()  # (N, V)
     logits = logits / temps[:, None].expand_as(sel)[sel][:, None]
-    targets = cont[sel]
-    norm = torch.logsumexp(logits, dim=-1)
-    per_token = [logits.gather(-1, targets[:, None]).squeeze(-1) - norm]
+    per_token = [token_logprobs(logits[None], cont[sel][None])[0]]
     if entropy:
-        per_token.append(norm - (torch.softmax(logits, dim=-1) * logits).sum(-1))
+        per_token.append(token_entropy(logits[None])[0])
+    shapes = [g.continuation.shape for g in groups]
+    starts = [sum(n for n, _ in shapes[:i]) for i in range(k)]
     outs: list[list[torch.Tensor]] = []
-    for values in per_token:
+    for values in per_token:  # back to each group's (G, O), zero off the mask
         full = torch.zeros(sel.shape, dtype=torch.float32, device=device).masked_scatter(sel, values)
-        rows = [g.continuation.shape for g in groups]
-        starts = [sum(n for n, _ in rows[:i]) for i in range(len(rows))]
-        outs.append([full[r : r + n, :o] for r, (n, o) in zip(starts, rows)])
+        outs.append([full[r : r + n, :o] for r, (n, o) in zip(starts, shapes)])
     return outs[0], (outs[1] if entropy else [])
 
 

@@ -30,6 +30,25 @@ REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = os.environ.get("AREAL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
+def tiny_llama(**overrides: object):
+    """A seeded, randomly initialised Llama small enough for exact comparisons on CPU."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = {
+        "vocab_size": 97,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        **overrides,
+    }
+    return LlamaForCausalLM(LlamaConfig(**config))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from proxy.config import Config
-from proxy.engines.local import select_device, warn_if_emulated_bf16
+from proxy.engines.local import DTYPES, select_device, warn_if_emulated_bf16
 from proxy.engines.model_files import resolve_model
 from proxy.store.db import Database
 from rewards.export import SessionSamples, load_samples
@@ -35,7 +35,6 @@ from trainer.metrics import MetricsSink, StallWatch
 from trainer.step import recompute_proximal, train_step
 from trainer.weights import WeightSync, default_weights_dir
 
-_HALF = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 log = logging.getLogger("areal_trainer")
 
 
@@ -48,8 +47,9 @@ def proxy_url(cfg: Config) -> str:
 
 def session_advantages(
     sessions: list[SessionSamples], estimator: str, unsolved_advantage: float = 0.0
-) -> tuple[dict, dict, list[str], list[str]]:
-    """Per-session baseline and scale from the group estimator; (baseline, scale, kept, skipped).
+) -> tuple[dict, dict, list[str], list[str], list[str]]:
+    """Per-session baseline and scale from the group estimator; (baseline, scale, kept, skipped,
+    unsolved), unsolved being the kept sessions of unsolved groups.
 
     With `unsolved_advantage` (< 0), a group whose rewards are all equal and below the mean reward
     of `sessions` (a task failed every time while others were solved) is kept instead of skipped,
@@ -61,16 +61,16 @@ def session_advantages(
     adv = ADVANTAGES[estimator](rewards, group_ids)
     baseline = {s.session_id: float(adv.baseline[i]) for i, s in enumerate(sessions)}
     scale = {s.session_id: float(adv.scale[i]) or 1.0 for i, s in enumerate(sessions)}
-    skip = adv.skipped.clone()
+    unsolved = torch.zeros_like(adv.skipped)
     if unsolved_advantage and sessions:
         unsolved = adv.skipped & (rewards < rewards.mean())
         for i in unsolved.nonzero().flatten().tolist():
             baseline[sessions[i].session_id] = float(rewards[i]) - unsolved_advantage
             scale[sessions[i].session_id] = 1.0
-        skip &= ~unsolved
+    skip = adv.skipped & ~unsolved
     skipped = [s.session_id for i, s in enumerate(sessions) if bool(skip[i])]
     kept = [s.session_id for i, s in enumerate(sessions) if not bool(skip[i])]
-    return baseline, scale, kept, skipped
+    return baseline, scale, kept, skipped, [s.session_id for i, s in enumerate(sessions) if bool(unsolved[i])]
 
 
 @dataclass
@@ -100,9 +100,9 @@ class Trainer:
             if self.tcfg.weights_dir
             else default_weights_dir(self.run_dir, cfg.engine.backend == "local")
         )
-        # A local engine that runs in half precision gets its weights written in that dtype (half
-        # the bytes of a float32 push); other engines cast on load as they are configured to.
-        push_dtype = _HALF.get(cfg.engine.dtype) if cfg.engine.backend == "local" else None
+        # A local engine with a set dtype gets its weights written in that dtype (a bfloat16 one:
+        # half the bytes of a float32 push); other engines cast on load as they are configured to.
+        push_dtype = DTYPES.get(cfg.engine.dtype) if cfg.engine.backend == "local" else None
         self.sync = WeightSync(weights_dir, proxy_url(cfg), cfg.proxy.admin_key, dtype=push_dtype)
         self.metrics = MetricsSink(self.run_dir)
         self.stall = StallWatch(self.tcfg.stall_steps)
@@ -113,7 +113,6 @@ class Trainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.pad_id = 0
         self.tokenizer: Any = None
-        self._unsolved = 0  # sessions of unsolved groups in the step being logged
 
     # -- setup ----------------------------------------------------------------------
     def setup(self) -> None:
@@ -213,7 +212,9 @@ class Trainer:
         """Load claimed sessions into the next step's batch; groups without reward variance are
         marked skipped (with skip_zero_variance) and only counted."""
         sessions = self.db.read(lambda c: load_samples(c, session_ids))
-        baseline, scale, kept, skipped = session_advantages(sessions, self.tcfg.advantage, self.tcfg.unsolved_advantage)
+        baseline, scale, kept, skipped, unsolved = session_advantages(
+            sessions, self.tcfg.advantage, self.tcfg.unsolved_advantage
+        )
         batch.baseline.update(baseline)
         batch.scale.update(scale)
         if skipped and self.tcfg.skip_zero_variance:
@@ -223,18 +224,12 @@ class Trainer:
             batch.kept += [s for s in sessions if s.session_id in keep]
         else:
             batch.kept += sessions
-        if self.tcfg.unsolved_advantage:
-            rewards: dict[str, set[float]] = {}
-            for s in sessions:
-                rewards.setdefault(s.group_id, set()).add(s.reward)
-            kept_ids = set(kept)
-            batch.unsolved += sum(1 for s in sessions if s.session_id in kept_ids and len(rewards[s.group_id]) == 1)
+        batch.unsolved += len(unsolved)
         batch.sessions += sessions
 
     def _train(self, batch: _Batch, waited: float) -> None:
         t0 = time.time()
         sessions, train_on, skipped, dropped = batch.sessions, batch.kept, batch.skipped, batch.dropped
-        self._unsolved = batch.unsolved
         samples = build_samples(train_on, self.tcfg.style, batch.baseline, batch.scale)
         step = self.state.step + 1
         trained_version = self.state.version  # the policy these sessions are measured against
@@ -265,7 +260,19 @@ class Trainer:
                 self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
             )
         warning = self.stall.update(len(samples), [x.reward for x in sessions])
-        self._log(step, trained_version, sessions, samples, result, dropped, len(skipped), waited, t_train, push_s)
+        self._log(
+            step,
+            trained_version,
+            sessions,
+            samples,
+            result,
+            dropped,
+            len(skipped),
+            waited,
+            t_train,
+            push_s,
+            unsolved=batch.unsolved,
+        )
         if warning:
             log.warning(warning)
 
@@ -285,7 +292,9 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = o.lr * factor
 
-    def _log(self, step, version, sessions, samples, result, dropped, skipped, waited, t_train, push_s) -> None:  # noqa: ANN001
+    def _log(
+        self, step, version, sessions, samples, result, dropped, skipped, waited, t_train, push_s, unsolved=0
+    ) -> None:  # noqa: ANN001
         rewards = [s.reward for s in sessions]
         staleness = [version - (s.min_version or 0) for s in sessions]
         values = {
@@ -304,7 +313,7 @@ class Trainer:
             "samples_per_s": len(samples) / max(t_train + push_s, 1e-6),
         }
         if self.tcfg.unsolved_advantage:
-            values["unsolved_trained"] = self._unsolved
+            values["unsolved_trained"] = unsolved
         if self.stall.stalled:
             values["stalled_steps"] = self.stall.empty
         if result is not None:

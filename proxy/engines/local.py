@@ -41,7 +41,7 @@ from proxy.engines.sampling import sample
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def select_device(device: str) -> torch.device:
@@ -265,7 +265,7 @@ class LocalEngine:
             torch.set_num_threads(self.cfg.threads)
         self._device = select_device(self.cfg.device)
         path = resolve_model(self.cfg.model, self.cfg.cache_dir)
-        dtype = _DTYPES.get(self.cfg.dtype) or (torch.float32 if self._device.type == "cpu" else torch.bfloat16)
+        dtype = DTYPES.get(self.cfg.dtype) or (torch.float32 if self._device.type == "cpu" else torch.bfloat16)
         warn_if_emulated_bf16(self._device, dtype == torch.bfloat16, "engine.dtype")
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(path)

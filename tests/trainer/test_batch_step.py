@@ -7,10 +7,10 @@ import copy
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from proxy.config import TrainerConfig
 from rewards.export import SessionSamples
+from tests.conftest import tiny_llama
 from trainer.batch import Sample, build_samples, pack
 from trainer.loop import session_advantages
 from trainer.step import group_logprobs, microbatches, padded_cost, target_logprobs, train_step
@@ -18,17 +18,7 @@ from trainer.step import group_logprobs, microbatches, padded_cost, target_logpr
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama().eval()
 
 
 def sample(ids: list[int], mask: list[int], adv: float = 1.0, temperature: float = 1.0) -> Sample:
@@ -162,7 +152,7 @@ def test_zero_variance_groups_are_skipped():
         return SessionSamples(sid, group, group, reward, 0, [], [])
 
     sessions = [s("a1", "a", 1.0), s("a2", "a", 0.0), s("b1", "b", 1.0), s("b2", "b", 1.0)]
-    baseline, scale, kept, skipped = session_advantages(sessions, "grpo")
+    baseline, scale, kept, skipped, _ = session_advantages(sessions, "grpo")
     assert kept == ["a1", "a2"] and skipped == ["b1", "b2"]
     assert baseline["a1"] == pytest.approx(0.5)
     assert build_samples([], "individual", baseline, scale) == []
@@ -177,8 +167,9 @@ def test_unsolved_groups_get_the_unsolved_advantage():
         *(s(f"b{i}", "b", 1.0) for i in range(2)),  # solved every time: skipped
         *(s(f"c{i}", "c", 0.0) for i in range(3)),  # failed every time: advantage -0.3
     ]
-    baseline, scale, kept, skipped = session_advantages(sessions, "grpo", unsolved_advantage=-0.3)
+    baseline, scale, kept, skipped, unsolved = session_advantages(sessions, "grpo", unsolved_advantage=-0.3)
     assert kept == ["a0", "a1", "c0", "c1", "c2"] and skipped == ["b0", "b1"]
+    assert unsolved == ["c0", "c1", "c2"]
     assert (0.0 - baseline["c0"]) / scale["c0"] == pytest.approx(-0.3)
     assert (1.0 - baseline["a0"]) / scale["a0"] == pytest.approx(0.5 / 0.5**0.5 / (1 + 2e-6), rel=1e-4)
     # Without it, or when nothing in the claim did better (mean 0), a failed group is skipped.

@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from tests.conftest import tiny_llama
 from trainer.weights import write_weights
 
 
 def tiny(tied: bool) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=tied,
-    )
-    return LlamaForCausalLM(cfg)
+    return tiny_llama(num_hidden_layers=1, tie_word_embeddings=tied)
 
 
 def test_weights_are_written_as_the_model_holds_them(tmp_path):

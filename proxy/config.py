@@ -144,6 +144,10 @@ class TrainerConfig(Section):
     trained instead of skipped. Negative: probability moves away from those failures, so a prompt
     nothing solves still teaches something and its answers do not drift unchecked (negative
     sample reinforcement, Zhu et al. 2025, arXiv 2506.01347). 0: skipped like any flat group."""
+    unsolved_share: float = Field(default=0.25, gt=0, le=1)
+    """Most of a step's trained sessions that unsolved groups (`unsolved_advantage`) may make up;
+    whole groups beyond it are skipped, so a step is mostly groups with a success to learn from,
+    and one with none trains nothing (1: no bound; measured to collapse at -0.2)."""
     eps_clip: float = 0.2
     """PPO clip range below 1."""
     eps_clip_high: float = 0.28

@@ -46,14 +46,17 @@ def proxy_url(cfg: Config) -> str:
 
 
 def session_advantages(
-    sessions: list[SessionSamples], estimator: str, unsolved_advantage: float = 0.0
+    sessions: list[SessionSamples], estimator: str, unsolved_advantage: float = 0.0, unsolved_share: float = 1.0
 ) -> tuple[dict, dict, list[str], list[str], list[str]]:
     """Per-session baseline and scale from the group estimator; (baseline, scale, kept, skipped,
     unsolved), unsolved being the kept sessions of unsolved groups.
 
     With `unsolved_advantage` (< 0), a group whose rewards are all equal and below the mean reward
     of `sessions` (a task failed every time while others were solved) is kept instead of skipped,
-    every session of it with that advantage: baseline r - unsolved_advantage, scale 1.
+    every session of it with that advantage: baseline r - unsolved_advantage, scale 1. Whole
+    unsolved groups are kept, in claim order, only while they make at most `unsolved_share` of
+    the kept sessions; the rest are skipped (so a claim without any group that has reward
+    variance trains nothing).
     """
     groups = {g: i for i, g in enumerate(dict.fromkeys(s.group_id for s in sessions))}
     rewards = torch.tensor([s.reward for s in sessions], dtype=torch.float64)
@@ -63,7 +66,15 @@ def session_advantages(
     scale = {s.session_id: float(adv.scale[i]) or 1.0 for i, s in enumerate(sessions)}
     unsolved = torch.zeros_like(adv.skipped)
     if unsolved_advantage and sessions:
-        unsolved = adv.skipped & (rewards < rewards.mean())
+        candidates = adv.skipped & (rewards < rewards.mean())
+        informative = int((~adv.skipped).sum())
+        # Largest count u with u <= share * (informative + u), taken group by group.
+        room = informative * unsolved_share / (1 - unsolved_share) if unsolved_share < 1 else len(sessions)
+        for g in range(len(groups)):
+            members = candidates & (group_ids == g)
+            size = int(members.sum())
+            if size and int(unsolved.sum()) + size <= room + 1e-9:
+                unsolved |= members
         for i in unsolved.nonzero().flatten().tolist():
             baseline[sessions[i].session_id] = float(rewards[i]) - unsolved_advantage
             scale[sessions[i].session_id] = 1.0
@@ -213,7 +224,7 @@ class Trainer:
         marked skipped (with skip_zero_variance) and only counted."""
         sessions = self.db.read(lambda c: load_samples(c, session_ids))
         baseline, scale, kept, skipped, unsolved = session_advantages(
-            sessions, self.tcfg.advantage, self.tcfg.unsolved_advantage
+            sessions, self.tcfg.advantage, self.tcfg.unsolved_advantage, self.tcfg.unsolved_share
         )
         batch.baseline.update(baseline)
         batch.scale.update(scale)

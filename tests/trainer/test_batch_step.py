@@ -167,7 +167,9 @@ def test_unsolved_groups_get_the_unsolved_advantage():
         *(s(f"b{i}", "b", 1.0) for i in range(2)),  # solved every time: skipped
         *(s(f"c{i}", "c", 0.0) for i in range(3)),  # failed every time: advantage -0.3
     ]
-    baseline, scale, kept, skipped, unsolved = session_advantages(sessions, "grpo", unsolved_advantage=-0.3)
+    baseline, scale, kept, skipped, unsolved = session_advantages(
+        sessions, "grpo", unsolved_advantage=-0.3, unsolved_share=1.0
+    )
     assert kept == ["a0", "a1", "c0", "c1", "c2"] and skipped == ["b0", "b1"]
     assert unsolved == ["c0", "c1", "c2"]
     assert (0.0 - baseline["c0"]) / scale["c0"] == pytest.approx(-0.3)
@@ -175,4 +177,24 @@ def test_unsolved_groups_get_the_unsolved_advantage():
     # Without it, or when nothing in the claim did better (mean 0), a failed group is skipped.
     assert session_advantages(sessions, "grpo")[3] == ["b0", "b1", "c0", "c1", "c2"]
     only_failures = [s("d0", "d", 0.0), s("d1", "d", 0.0)]
-    assert session_advantages(only_failures, "grpo", unsolved_advantage=-0.3)[3] == ["d0", "d1"]
+    assert session_advantages(only_failures, "grpo", unsolved_advantage=-0.3, unsolved_share=1.0)[3] == ["d0", "d1"]
+
+
+def test_unsolved_groups_are_bounded_to_their_share_of_the_step():
+    def s(sid: str, group: str, reward: float) -> SessionSamples:
+        return SessionSamples(sid, group, group, reward, 0, [], [])
+
+    mixed = [s(f"a{i}", "a", float(i % 2)) for i in range(6)]  # 6 sessions with reward variance
+    failed = [s(f"{g}{i}", g, 0.0) for g in "cde" for i in range(2)]  # three unsolved groups of 2
+    # share 0.25 of the kept sessions: u <= 0.25 * (6 + u), so u <= 2: the first unsolved group only.
+    _, _, kept, skipped, unsolved = session_advantages(mixed + failed, "grpo", -0.3, unsolved_share=0.25)
+    assert unsolved == ["c0", "c1"] and kept == [*(f"a{i}" for i in range(6)), "c0", "c1"]
+    assert skipped == ["d0", "d1", "e0", "e1"]
+    # share 0.5: u <= 6, all three groups (6 sessions).
+    assert len(session_advantages(mixed + failed, "grpo", -0.3, unsolved_share=0.5)[4]) == 6
+    # A group larger than the room left is skipped whole, a later smaller one still fits.
+    big_then_small = [*(s(f"b{i}", "b", 0.0) for i in range(3)), s("f0", "f", 0.0)]
+    assert session_advantages(mixed + big_then_small, "grpo", -0.3, unsolved_share=0.25)[4] == ["f0"]
+    # Nothing with a success to learn from in the claim (the collapse case): nothing trained.
+    only = [s("g0", "g", 0.0), s("h0", "h", 1.0), s("h1", "h", 1.0)]
+    assert session_advantages(only, "grpo", -0.3, unsolved_share=0.25)[2] == []

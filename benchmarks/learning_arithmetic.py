@@ -95,6 +95,12 @@ def main() -> None:
     parser.add_argument("--run-dir", default=str(REPO / "runs/learning_arithmetic"))
     parser.add_argument("--out", default=str(REPO / "examples/arithmetic"))
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument(
+        "--final-samples",
+        type=int,
+        default=10,
+        help="also score the last snapshot with this many sampled answers per problem (a steadier estimate)",
+    )
     args = parser.parse_args()
     from proxy.engines.model_files import DEFAULT_MODEL
 
@@ -144,8 +150,16 @@ def main() -> None:
         print(f"evaluating {s['path']} ...", flush=True)
         evals.append({"minute": s["minute"], "step": s["step"], **asyncio.run(evaluate(s["path"]))})
         print(json.dumps(evals[-1]), flush=True)
+    if taken and args.final_samples > 1:
+        repeated = asyncio.run(evaluate(taken[-1]["path"], samples=args.final_samples))
+        evals[-1][f"sampled_mean_of_{args.final_samples}"] = repeated["sampled"]
+        evals[-1][f"add_correct_mean_of_{args.final_samples}"] = repeated["sampled_add_correct"]
+        evals[-1][f"sub_correct_mean_of_{args.final_samples}"] = repeated["sampled_sub_correct"]
+        print(json.dumps(evals[-1]), flush=True)
+    (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     plot(metrics, evals, out / "curve.png")
     rows = [
         "| minutes | step | held-out sampled (T=1) | held-out greedy | + correct (sampled) | - correct (sampled) |",
@@ -158,7 +172,6 @@ def main() -> None:
         )
     table = "\n".join(rows)
     (out / "results.md").write_text(table + "\n")
-    (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))
     print(table)
 
 

@@ -70,11 +70,13 @@ def session_advantages(
         informative = int((~adv.skipped).sum())
         # Largest count u with u <= share * (informative + u), taken group by group.
         room = informative * unsolved_share / (1 - unsolved_share) if unsolved_share < 1 else len(sessions)
+        taken = 0
         for g in range(len(groups)):
             members = candidates & (group_ids == g)
             size = int(members.sum())
-            if size and int(unsolved.sum()) + size <= room + 1e-9:
+            if size and taken + size <= room + 1e-9:
                 unsolved |= members
+                taken += size
         for i in unsolved.nonzero().flatten().tolist():
             baseline[sessions[i].session_id] = float(rewards[i]) - unsolved_advantage
             scale[sessions[i].session_id] = 1.0

@@ -380,6 +380,8 @@ def serve_front(cfg: Config) -> int:
     """Run the front until interrupted."""
     import uvicorn
 
+    from proxy.serve import KEEP_ALIVE_S
+
     app = Front(cfg.front, cfg.proxy.max_request_bytes)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -389,6 +391,7 @@ def serve_front(cfg: Config) -> int:
             log_level=cfg.proxy.log_level,
             access_log=cfg.proxy.log_level == "debug",
             timeout_graceful_shutdown=10,
+            timeout_keep_alive=KEEP_ALIVE_S,
             server_header=False,  # the replica's own Date and Server headers pass through
             date_header=False,
         )

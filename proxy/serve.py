@@ -9,6 +9,15 @@ from proxy.config import Config
 
 log = logging.getLogger("areal_proxy")
 
+KEEP_ALIVE_S = 65
+"""How long our servers (proxy, engine, front) keep an idle client connection open.
+
+Above the idle expiry of the clients that call them (httpx and so the OpenAI SDKs: 5 s, our
+engine pool: 3 s, aiohttp: 15 s). With uvicorn's default of 5 s a client could reuse a
+connection at the moment the server closed it, and the request failed with "server
+disconnected" without ever reaching the server: a 1-in-60 event here for requests 5 s apart.
+"""
+
 
 def serve(cfg: Config) -> int:
     import uvicorn
@@ -37,6 +46,7 @@ def serve(cfg: Config) -> int:
             log_level=cfg.proxy.log_level,
             access_log=cfg.proxy.log_level == "debug",
             timeout_graceful_shutdown=10,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
     )
     server.run()

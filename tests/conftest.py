@@ -55,6 +55,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def reuse_after_idle(url: str, idle_s: float) -> None:
+    """Two requests on one kept-alive connection, `idle_s` apart: the second must be answered.
+
+    Our servers keep idle connections longer than clients do (httpx and the OpenAI SDKs drop
+    them after 5 s): a server that closed first could cut a request the client had just sent.
+    """
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request("GET", "/health")
+        first = conn.getresponse()
+        first.read()
+        assert first.status == 200 and not first.will_close
+        sock = conn.sock
+        time.sleep(idle_s)
+        conn.request("GET", "/health")  # on the same socket: http.client does not reconnect
+        assert conn.sock is sock
+        second = conn.getresponse()  # RemoteDisconnected if the server closed the connection
+        second.read()
+        assert second.status == 200
+    finally:
+        conn.close()
+
+
 @dataclass
 class Server:
     url: str  # http://127.0.0.1:PORT

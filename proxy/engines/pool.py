@@ -217,6 +217,7 @@ class ServerPool:
 # ---- what both HTTP backends share on the wire ----
 
 
+ENGINE_KEEP_ALIVE_S = 3.0  # idle connections to engine servers; below their servers' 5 s
 JSON_HEADERS = {"content-type": "application/json"}  # for bodies posted pre-encoded (`data=orjson.dumps(...)`)
 
 
@@ -226,9 +227,13 @@ def http_client(timeout_s: float) -> aiohttp.ClientSession:
     aiohttp rather than httpx on this path: measured here, httpx spent ~2 ms of CPU per request
     at 32 in flight (its pool scans and polls every idle connection per request), aiohttp 0.1 ms.
     `timeout_s` bounds the connect and each wait for data, not a whole (long) generation.
+    Idle connections are dropped after `ENGINE_KEEP_ALIVE_S`, before a server under uvicorn's
+    default keep-alive (5 s; SGLang and vLLM serve with uvicorn) drops them: a request sent on
+    a connection the server was closing at that moment fails unsent, and took a healthy server
+    out of rotation (a session then moved to another server: seen in CI).
     """
     timeout = aiohttp.ClientTimeout(total=None, connect=min(timeout_s, 10.0), sock_read=timeout_s)
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=ENGINE_KEEP_ALIVE_S)
     return aiohttp.ClientSession(
         timeout=timeout,
         connector=connector,

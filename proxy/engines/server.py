@@ -445,6 +445,8 @@ def serve_engine(cfg: Config, host: str, port: int) -> int:
     """Run the engine server until interrupted; 0 on a clean stop, 1 if it never started."""
     import uvicorn
 
+    from proxy.serve import KEEP_ALIVE_S
+
     app = create_engine_app(cfg)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -454,6 +456,7 @@ def serve_engine(cfg: Config, host: str, port: int) -> int:
             log_level=cfg.proxy.log_level,
             access_log=cfg.proxy.log_level == "debug",
             timeout_graceful_shutdown=10,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
     )
     server.run()

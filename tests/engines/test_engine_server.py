@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from proxy.engines.server import parse_sampling
+from tests.conftest import reuse_after_idle
 
 # the chat template around "Tell me about the sea."
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2,
@@ -250,3 +251,7 @@ def test_update_weights_from_disk_mid_stream(engine, perturbed_weights, original
     again = generate(engine, max_new_tokens=4)
     assert again["meta_info"]["weight_version"] == "step-2"
     assert same_logprobs(again["meta_info"]["output_token_logprobs"], before)
+
+
+def test_an_idle_kept_alive_connection_is_still_served_after_6_s(engine):
+    reuse_after_idle(engine.url, idle_s=6.0)

@@ -8,6 +8,8 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import reuse_after_idle
+
 WEATHER = {
     "type": "function",
     "function": {
@@ -228,3 +230,7 @@ def test_session_by_path_or_key(proxy, path):
         client = openai.OpenAI(base_url=proxy.url + path.format(sid=session["session_id"]), api_key="x", max_retries=0)
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
     assert len(proxy.session(session["session_id"])["completions"]) == 1
+
+
+def test_an_idle_kept_alive_connection_is_still_served_after_6_s(sqlite_proxy):
+    reuse_after_idle(sqlite_proxy.url, idle_s=6.0)

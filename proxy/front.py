@@ -378,23 +378,8 @@ async def _send_response(send: Any, response: httpx.Response) -> None:
 
 def serve_front(cfg: Config) -> int:
     """Run the front until interrupted."""
-    import uvicorn
-
-    from proxy.serve import KEEP_ALIVE_S
+    from proxy.serve import run_uvicorn
 
     app = Front(cfg.front, cfg.proxy.max_request_bytes)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=cfg.front.host,
-            port=cfg.front.port,
-            log_level=cfg.proxy.log_level,
-            access_log=cfg.proxy.log_level == "debug",
-            timeout_graceful_shutdown=10,
-            timeout_keep_alive=KEEP_ALIVE_S,
-            server_header=False,  # the replica's own Date and Server headers pass through
-            date_header=False,
-        )
-    )
-    server.run()
-    return 0 if server.started else 1
+    # the replica's own Date and Server headers pass through
+    return run_uvicorn(app, cfg.front.host, cfg.front.port, cfg.proxy.log_level, server_header=False, date_header=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 from proxy.config import Config
 
@@ -20,8 +21,6 @@ disconnected" without ever reaching the server: a 1-in-60 event here for request
 
 
 def serve(cfg: Config) -> int:
-    import uvicorn
-
     from proxy.app import create_app
     from proxy.store.db import StoreLocked
     from rewards.registry import load_modules
@@ -38,16 +37,25 @@ def serve(cfg: Config) -> int:
     except StoreLocked as exc:
         print(f"areal-proxy: {exc}", file=sys.stderr)
         return 1
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=cfg.proxy.host,
-            port=cfg.proxy.port,
-            log_level=cfg.proxy.log_level,
-            access_log=cfg.proxy.log_level == "debug",
-            timeout_graceful_shutdown=10,
-            timeout_keep_alive=KEEP_ALIVE_S,
-        )
+    return run_uvicorn(app, cfg.proxy.host, cfg.proxy.port, cfg.proxy.log_level)
+
+
+def run_uvicorn(app: Any, host: str, port: int, log_level: str, **extra: Any) -> int:
+    """Serve `app` until interrupted, as every server of ours runs (proxy, engine, front): access
+    log only at debug, 10 s to finish in-flight requests, idle connections kept `KEEP_ALIVE_S`.
+    0 on a clean stop, 1 if it never started."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=log_level == "debug",
+        timeout_graceful_shutdown=10,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        **extra,
     )
+    server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else 1

@@ -443,21 +443,6 @@ async def _json(request: Request, default: Any = None) -> Any:
 
 def serve_engine(cfg: Config, host: str, port: int) -> int:
     """Run the engine server until interrupted; 0 on a clean stop, 1 if it never started."""
-    import uvicorn
+    from proxy.serve import run_uvicorn
 
-    from proxy.serve import KEEP_ALIVE_S
-
-    app = create_engine_app(cfg)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level=cfg.proxy.log_level,
-            access_log=cfg.proxy.log_level == "debug",
-            timeout_graceful_shutdown=10,
-            timeout_keep_alive=KEEP_ALIVE_S,
-        )
-    )
-    server.run()
-    return 0 if server.started else 1
+    return run_uvicorn(create_engine_app(cfg), host, port, cfg.proxy.log_level)

@@ -3,15 +3,17 @@
 - `sample`: drawing one token for each of 64 rows over the model's 49,152-token vocabulary at
   T = 1, every row seeded (the embedded engine does this once per decode step).
 - `train_step`: one decoupled-PPO step on K prefix groups shaped like the arithmetic task's
-  (an 82-token prompt, 8 answers of 10 tokens each), bfloat16 autocast optional; K = 2 is a
-  typical step of the example (most groups have no reward variance), K = 8 a full batch.
+  (a 102-token prompt whose first 89 tokens, the system prompt and worked examples, every
+  prompt shares; 8 answers of 10 tokens each), bfloat16 autocast optional; K = 2 is a typical
+  step of the example (most groups have no reward variance), K = 8 a full batch.
+  `--no-shared-start` runs every prefix whole, as before the common start was run once.
 - `push`: writing the weights the trainer pushes to the engine to /dev/shm, as float32 and as
   bfloat16.
 
 Medians of several repeats after a warm-up, on the real model, with torch's default threads.
 Run it on an otherwise idle machine:
 
-    .venv/bin/python benchmarks/cpu_hot_paths.py [--bf16]
+    .venv/bin/python benchmarks/cpu_hot_paths.py [--bf16] [--no-shared-start]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import trainer.step  # noqa: E402
 from proxy.config import TrainerConfig  # noqa: E402
 from proxy.engines.base import SamplingParams  # noqa: E402
 from proxy.engines.model_files import DEFAULT_MODEL, resolve_model  # noqa: E402
@@ -53,7 +56,7 @@ def median_seconds(fn, repeats: int, warmup: int = 2) -> float:
 def arithmetic_groups(k: int) -> list:
     samples = []
     for g in range(k):
-        prompt = [1] * 70 + [100 + g] * 12
+        prompt = [1] * 89 + [100 + g] * 13
         for i in range(8):
             answer = [200 + i] * 10
             samples.append(
@@ -72,7 +75,12 @@ def arithmetic_groups(k: int) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bf16", action="store_true", help="train under bfloat16 autocast")
+    parser.add_argument(
+        "--no-shared-start", action="store_true", help="run each prefix whole, not their common start once"
+    )
     args = parser.parse_args()
+    if args.no_shared_start:
+        trainer.step.MIN_SHARED_PREFIX = 1 << 30
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy"))

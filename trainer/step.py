@@ -23,6 +23,17 @@ from trainer.batch import PrefixGroup
 from trainer.losses import entropy as token_entropy
 from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate, token_logprobs
 
+# A common start of the groups' prefixes at least this long runs once for the whole pass.
+MIN_SHARED_PREFIX = 8
+
+
+def shared_prefix_len(prefix: torch.Tensor, p_len: torch.Tensor) -> int:
+    """Tokens every row of `prefix` (K, P), right-padded to lengths `p_len`, starts with, leaving
+    each row at least its last token (whose hidden state predicts the first continuation token)."""
+    limit = int(p_len.min()) - 1
+    same = (prefix[:, :limit] == prefix[:1, :limit]).all(0)
+    return int(same.long().cumprod(0).sum())
+
 
 def group_logprobs(
     model: Any, groups: list[PrefixGroup], device: torch.device, entropy: bool = False
@@ -33,8 +44,9 @@ def group_logprobs(
     The groups of one microbatch run as two batched forwards: their prefixes, right-padded to
     the longest, then all their continuations on top of the prefix KV (each continuation row
     gets its own group's keys and values, and an attention mask that hides the prefix padding).
-    A prefix still runs once however many continuations share it, and gradients from every
-    continuation flow back into it. Batching the groups turns many small matmuls into a few
+    A prefix still runs once however many continuations share it, and the start all the prefixes
+    have in common (a system prompt, tool schemas, few-shot turns) runs once for the whole pass;
+    gradients from every continuation flow back into both. Batching the groups turns many small matmuls into a few
     larger ones, and the vocabulary-sized operations (the embedding lookup, the LM head over
     target positions, and the tied embedding's gradient) happen once per microbatch.
     """
@@ -60,11 +72,24 @@ def group_logprobs(
     ragged = bool((p_len < p_max).any())
     prefix_mask = torch.arange(p_max, device=device)[None] < p_len[:, None]  # (K, P)
 
+    shared = shared_prefix_len(prefix, p_len) if k > 1 else 0
+    if shared < MIN_SHARED_PREFIX:
+        shared = 0
     cache = DynamicCache()
+    if shared:  # the groups' common start (system prompt, tools, few-shot turns) runs once
+        model.base_model(input_ids=prefix[:1, :shared], cache=cache, use_cache=True)
+        cache = DynamicCache(
+            ddp_cache_data=[
+                (layer.keys.expand(k, -1, -1, -1), layer.values.expand(k, -1, -1, -1)) for layer in cache.layers
+            ]
+        )
     out = model.base_model(
-        input_ids=prefix, attention_mask=prefix_mask.long() if ragged else None, cache=cache, use_cache=True
+        input_ids=prefix[:, shared:],
+        attention_mask=prefix_mask.long() if ragged else None,
+        cache=cache,
+        use_cache=True,
     )
-    head = out.last_hidden_state[torch.arange(k, device=device), p_len - 1]  # (K, H): predicts cont[:, 0]
+    head = out.last_hidden_state[torch.arange(k, device=device), p_len - 1 - shared]  # (K, H): predicts cont[:, 0]
     owner = torch.repeat_interleave(torch.arange(k, device=device), rows)  # (R,) group of each row
     if k == 1:
         layers = [

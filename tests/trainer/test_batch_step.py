@@ -13,7 +13,7 @@ from rewards.export import SessionSamples
 from tests.conftest import tiny_llama
 from trainer.batch import Sample, build_samples, pack
 from trainer.loop import session_advantages
-from trainer.step import group_logprobs, microbatches, padded_cost, target_logprobs, train_step
+from trainer.step import group_logprobs, microbatches, padded_cost, shared_prefix_len, target_logprobs, train_step
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,46 @@ def test_batched_groups_match_naive_logprobs_and_gradients(tiny):
     sum(sum(naive_logprobs(b, s)) for s in RAGGED).backward()
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.allclose(pa.grad, pb.grad, atol=1e-5), name
+
+
+COMMON = list(range(70, 80))  # a start every prompt has (think: system prompt and few-shot turns)
+SHARED = [
+    sample([*COMMON, 80, 90, 91], [0] * 11 + [1, 1]),
+    sample([*COMMON, 80, 92], [0] * 11 + [1], temperature=0.8),
+    sample([*COMMON, 81, 82, 93, 94, 95], [0] * 12 + [1, 1, 1]),
+    sample([*COMMON, 83, 84, 85, 96], [0] * 13 + [1]),
+]
+
+
+def test_a_common_start_of_the_prefixes_runs_once_with_the_same_values_and_gradients(tiny):
+    """Ragged prefixes that begin with the same 10 tokens: those run as one row, and the logprobs
+    and gradients are still those of each sequence run on its own."""
+    a, b = copy.deepcopy(tiny), copy.deepcopy(tiny)
+    groups = pack(SHARED, tokens_per_microbatch=1000, pad_id=0)
+    assert sorted(g.prefix.shape[0] for g in groups) == [11, 12, 13]
+    seen = []
+    hook = a.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    logps, _ = group_logprobs(a, groups, torch.device("cpu"))
+    hook.remove()
+    assert seen[:2] == [(1, 10), (3, 3)], "the common start once, then each prefix's own tail"
+    for g, lp in zip(groups, logps):
+        for row in range(lp.shape[0]):
+            ids = g.prefix.tolist() + g.continuation[row][: int(g.loss_mask[row].nonzero().max()) + 1].tolist()
+            s = next(s for s in SHARED if s.input_ids == ids)
+            expected = torch.stack(naive_logprobs(b, s))
+            assert lp[row][g.loss_mask[row]].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    sum(lp[g.loss_mask].sum() for g, lp in zip(groups, logps)).backward()
+    sum(sum(naive_logprobs(b, s)) for s in SHARED).backward()
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-5), name
+
+
+def test_shared_prefix_len_leaves_every_prefix_its_last_token():
+    rows = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 0], [1, 2, 5, 6]])
+    assert shared_prefix_len(rows, torch.tensor([4, 3, 4])) == 2
+    assert shared_prefix_len(rows[:2], torch.tensor([4, 3])) == 2, "row 2 keeps its last token, 3"
+    assert shared_prefix_len(rows[:1], torch.tensor([4])) == 3
+    assert shared_prefix_len(torch.tensor([[1, 2], [3, 4]]), torch.tensor([2, 2])) == 0
 
 
 def test_microbatches_count_the_padding_and_the_copied_prefixes():

@@ -35,6 +35,11 @@ def shared_prefix_len(prefix: torch.Tensor, p_len: torch.Tensor) -> int:
     return int(same.long().cumprod(0).sum())
 
 
+def _expanded(cache: DynamicCache, rows: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's keys and values of a one-row cache as `rows` rows (views, no copy)."""
+    return [(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)) for layer in cache.layers]
+
+
 def group_logprobs(
     model: Any, groups: list[PrefixGroup], device: torch.device, entropy: bool = False
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -45,8 +50,9 @@ def group_logprobs(
     the longest, then all their continuations on top of the prefix KV (each continuation row
     gets its own group's keys and values, and an attention mask that hides the prefix padding).
     A prefix still runs once however many continuations share it, and the start all the prefixes
-    have in common (a system prompt, tool schemas, few-shot turns) runs once for the whole pass;
-    gradients from every continuation flow back into both. Batching the groups turns many small matmuls into a few
+    have in common (a system prompt, tool schemas, few-shot turns; at least MIN_SHARED_PREFIX
+    tokens) runs once, as a third forward before the prefixes' own tails; gradients from every
+    continuation flow back into both. Batching the groups turns many small matmuls into a few
     larger ones, and the vocabulary-sized operations (the embedding lookup, the LM head over
     target positions, and the tied embedding's gradient) happen once per microbatch.
     """
@@ -78,11 +84,7 @@ def group_logprobs(
     cache = DynamicCache()
     if shared:  # the groups' common start (system prompt, tools, few-shot turns) runs once
         model.base_model(input_ids=prefix[:1, :shared], cache=cache, use_cache=True)
-        cache = DynamicCache(
-            ddp_cache_data=[
-                (layer.keys.expand(k, -1, -1, -1), layer.values.expand(k, -1, -1, -1)) for layer in cache.layers
-            ]
-        )
+        cache = DynamicCache(ddp_cache_data=_expanded(cache, k))
     out = model.base_model(
         input_ids=prefix[:, shared:],
         attention_mask=prefix_mask.long() if ragged else None,
@@ -92,10 +94,7 @@ def group_logprobs(
     head = out.last_hidden_state[torch.arange(k, device=device), p_len - 1 - shared]  # (K, H): predicts cont[:, 0]
     owner = torch.repeat_interleave(torch.arange(k, device=device), rows)  # (R,) group of each row
     if k == 1:
-        layers = [
-            (layer.keys.expand(cont.shape[0], -1, -1, -1), layer.values.expand(cont.shape[0], -1, -1, -1))
-            for layer in cache.layers
-        ]
+        layers = _expanded(cache, cont.shape[0])
     else:
         layers = [(layer.keys[owner], layer.values[owner]) for layer in cache.layers]
     mask = None

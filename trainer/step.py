@@ -20,8 +20,8 @@ from transformers.cache_utils import DynamicCache
 
 from proxy.config import TrainerConfig
 from trainer.batch import PrefixGroup
-from trainer.losses import entropy as token_entropy
-from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate, token_logprobs
+from trainer.head import head_logprobs
+from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate
 
 # A common start of the groups' prefixes at least this long runs once for the whole pass.
 MIN_SHARED_PREFIX = 8
@@ -81,12 +81,17 @@ def group_logprobs(
     shared = shared_prefix_len(prefix, p_len) if k > 1 else 0
     if shared < MIN_SHARED_PREFIX:
         shared = 0
+    # One embedding lookup for the three forwards: its backward builds one dense (V, H) gradient, not three.
+    tail_ids = prefix[:, shared:]
+    ids = torch.cat([prefix[0, :shared], tail_ids.flatten(), cont.flatten()])
+    embeds = model.get_input_embeddings()(ids)
+    shared_emb, tail_emb, cont_emb = embeds.split([shared, tail_ids.numel(), cont.numel()])
     cache = DynamicCache()
     if shared:  # the groups' common start (system prompt, tools, few-shot turns) runs once
-        model.base_model(input_ids=prefix[:1, :shared], cache=cache, use_cache=True)
+        model.base_model(inputs_embeds=shared_emb[None], cache=cache, use_cache=True)
         cache = DynamicCache(ddp_cache_data=_expanded(cache, k))
     out = model.base_model(
-        input_ids=prefix[:, shared:],
+        inputs_embeds=tail_emb.view(*tail_ids.shape, -1),
         attention_mask=prefix_mask.long() if ragged else None,
         cache=cache,
         use_cache=True,
@@ -102,18 +107,17 @@ def group_logprobs(
         mask = torch.cat([prefix_mask[owner], torch.ones(cont.shape, dtype=torch.bool, device=device)], dim=1).long()
     positions = p_len[owner][:, None] + torch.arange(o_max, device=device)[None]
     body = model.base_model(
-        input_ids=cont,
+        inputs_embeds=cont_emb.view(*cont.shape, -1),
         attention_mask=mask,
         position_ids=positions,
         cache=DynamicCache(ddp_cache_data=layers),
         use_cache=True,
     ).last_hidden_state  # (R, O, H)
     hidden = torch.cat([head[owner][:, None], body[:, :-1]], dim=1)  # position j predicts cont[:, j]
-    logits = model.get_output_embeddings()(hidden[sel]).float()  # (N, V)
-    logits = logits / temps[:, None].expand_as(sel)[sel][:, None]
-    per_token = [token_logprobs(logits[None], cont[sel][None])[0]]
-    if entropy:
-        per_token.append(token_entropy(logits[None])[0])
+    inv_temp = (1.0 / temps)[:, None].expand_as(sel)[sel]  # (N,)
+    lm_head = model.get_output_embeddings()
+    logp, ent = head_logprobs(hidden[sel], lm_head.weight, lm_head.bias, cont[sel], inv_temp, entropy)
+    per_token = [logp] if ent is None else [logp, ent]
     shapes = [g.continuation.shape for g in groups]
     starts = [sum(n for n, _ in shapes[:i]) for i in range(k)]
     outs: list[list[torch.Tensor]] = []

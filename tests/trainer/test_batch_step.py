@@ -124,7 +124,8 @@ def test_a_common_start_of_the_prefixes_runs_once_with_the_same_values_and_gradi
     groups = pack(SHARED, tokens_per_microbatch=1000, pad_id=0)
     assert sorted(g.prefix.shape[0] for g in groups) == [11, 12, 13]
     seen = []
-    hook = a.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    first_layer = a.base_model.layers[0]
+    hook = first_layer.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape[:2])))
     logps, _ = group_logprobs(a, groups, torch.device("cpu"))
     hook.remove()
     assert seen[:2] == [(1, 10), (3, 3)], "the common start once, then each prefix's own tail"

@@ -7,13 +7,15 @@
   prompt shares; 8 answers of 10 tokens each), bfloat16 autocast optional; K = 2 is a typical
   step of the example (most groups have no reward variance), K = 8 a full batch.
   `--no-shared-start` runs every prefix whole, as before the common start was run once.
+  The model is loaded as the trainer loads it on CPU: grouped-query eager attention and glibc's
+  malloc told to keep freed memory; `--sdpa` and `--default-malloc` give the before of each.
 - `push`: writing the weights the trainer pushes to the engine to /dev/shm, as float32 and as
   bfloat16.
 
 Medians of several repeats after a warm-up, on the real model, with torch's default threads.
 Run it on an otherwise idle machine:
 
-    .venv/bin/python benchmarks/cpu_hot_paths.py [--bf16] [--no-shared-start]
+    .venv/bin/python benchmarks/cpu_hot_paths.py [--bf16] [--no-shared-start] [--sdpa] [--default-malloc]
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ sys.path.insert(0, str(REPO))
 import trainer.step  # noqa: E402
 from proxy.config import TrainerConfig  # noqa: E402
 from proxy.engines.base import SamplingParams  # noqa: E402
+from proxy.engines.local import keep_freed_memory  # noqa: E402
 from proxy.engines.model_files import DEFAULT_MODEL, resolve_model  # noqa: E402
 from proxy.engines.sampling import sample  # noqa: E402
+from trainer.attention import register as grouped_attention  # noqa: E402
 from trainer.batch import Sample, pack  # noqa: E402
 from trainer.step import train_step  # noqa: E402
 from trainer.weights import write_weights  # noqa: E402
@@ -78,13 +82,18 @@ def main() -> None:
     parser.add_argument(
         "--no-shared-start", action="store_true", help="run each prefix whole, not their common start once"
     )
+    parser.add_argument("--sdpa", action="store_true", help="train with torch's SDPA attention, not grouped eager")
+    parser.add_argument("--default-malloc", action="store_true", help="leave glibc's malloc at its defaults")
     args = parser.parse_args()
     if args.no_shared_start:
         trainer.step.MIN_SHARED_PREFIX = 1 << 30
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy"))
-    out: dict[str, float | int | str] = {"threads": torch.get_num_threads()}
+    malloc = "default" if args.default_malloc else "keep freed" if keep_freed_memory() else "default (not glibc)"
+    attention = "sdpa" if args.sdpa else grouped_attention()
+    path = resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy")
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention)
+    out: dict[str, float | int | str] = {"threads": torch.get_num_threads(), "attention": attention, "malloc": malloc}
 
     vocab = model.config.vocab_size
     logits = torch.randn(64, vocab, generator=torch.Generator().manual_seed(0)) * 3

@@ -23,13 +23,13 @@ from typing import Any
 import torch
 
 from proxy.config import Config
+from proxy.engines.attention import register as grouped_attention
 from proxy.engines.local import DTYPES, keep_freed_memory, select_device, warn_if_emulated_bf16
 from proxy.engines.model_files import resolve_model
 from proxy.store.db import Database
 from rewards.export import SessionSamples, load_samples
 from trainer import checkpoint
 from trainer.advantages import ADVANTAGES
-from trainer.attention import register as grouped_attention
 from trainer.batch import build_samples, pack
 from trainer.claim import claim_batch, mark_skipped, release_after
 from trainer.metrics import MetricsSink, StallWatch

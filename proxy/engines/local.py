@@ -27,6 +27,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from proxy.config import EngineConfig
+from proxy.engines.attention import register as grouped_attention
 from proxy.engines.base import (
     EngineRequestError,
     EngineUnavailable,
@@ -291,14 +292,16 @@ class LocalEngine:
         if self.cfg.threads > 0:
             torch.set_num_threads(self.cfg.threads)
         self._device = select_device(self.cfg.device)
+        attention = {}
         if self._device.type == "cpu":
             keep_freed_memory()
+            attention["attn_implementation"] = grouped_attention()  # CPU flash attention is slow at decode shapes
         path = resolve_model(self.cfg.model, self.cfg.cache_dir)
         dtype = DTYPES.get(self.cfg.dtype) or (torch.float32 if self._device.type == "cpu" else torch.bfloat16)
         warn_if_emulated_bf16(self._device, dtype == torch.bfloat16, "engine.dtype")
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self._device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **attention).to(self._device).eval()
         log.info("loaded %s on %s (%s) in %.1fs", path, self._device, dtype, time.perf_counter() - t0)
         eos = set()
         for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):

@@ -1,12 +1,17 @@
-"""Grouped-query attention for the trainer's short, batched training forwards on CPU.
+"""Grouped-query attention for short, batched forwards on CPU: decode steps and training passes.
 
-The trainer's passes are many short rows (an answer of ~10 tokens) over a ~100-token prefix
-cache. On CPU, PyTorch's flash-attention backward is slow at these shapes (on the arithmetic
-task it was ~0.85 s of a ~5.8 s step), and transformers' eager attention first repeats every
-key/value head for the query heads that share it (GQA), whose backward is a reduction over a
-copy as large as the keys. This computes the same attention as the eager one, softmax in
-float32, but folds a key/value head's query heads into one matmul, (B, KVH, G·q, d) against
-(B, KVH, k, d), so nothing is repeated.
+Both the embedded engine's decode steps (one new token per row over a ~100-token cache) and the
+trainer's passes (answers of ~10 tokens over a ~100-token prefix) are many short rows. On CPU,
+PyTorch's flash-attention kernel is slow at these shapes: ~60% of a 64-row decode step of
+SmolLM2-135M and ~0.85 s of a ~5.8 s arithmetic training step (its backward). Transformers'
+eager attention first repeats every key/value head for the query heads that share it (GQA),
+whose backward is a reduction over a copy as large as the keys. This computes the eager
+attention, softmax in float32, but folds a key/value head's query heads into one matmul,
+(B, KVH, G·q, d) against (B, KVH, k, d), so nothing is repeated.
+
+Its score matrix is materialised, so a forward whose scores would exceed `MAX_SCORES` elements
+(long prompts, long training sequences) goes to PyTorch's memory-efficient SDPA kernel instead,
+with the same additive mask.
 
 `register()` makes it available as `attn_implementation="areal_grouped"`, with transformers'
 eager (additive float) mask.
@@ -17,8 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 NAME = "areal_grouped"
+
+# Largest score matrix (B·H·q·k elements, float32) computed eagerly: 16 MiB a layer.
+MAX_SCORES = 1 << 22
 
 
 def grouped_attention(
@@ -34,6 +43,13 @@ def grouped_attention(
     """Attention output (B, q, H, d), as transformers' attention functions return it."""
     b, heads, q, d = query.shape
     kv_heads, k = key.shape[1], key.shape[2]
+    dropout = dropout if module.training else 0.0
+    if b * heads * q * k > MAX_SCORES:
+        mask = None if attention_mask is None else attention_mask.to(query.dtype)
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=heads != kv_heads
+        )
+        return out.transpose(1, 2).contiguous(), None
     groups = heads // kv_heads
     qg = query.reshape(b, kv_heads, groups * q, d)  # a KV head's query heads are consecutive
     scores = torch.matmul(qg, key.transpose(2, 3)) * scaling  # (B, KVH, G·q, k)
@@ -41,8 +57,8 @@ def grouped_attention(
         scores = scores.view(b, kv_heads, groups, q, k) + attention_mask[:, :, None]
         scores = scores.view(b, kv_heads, groups * q, k)
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    if dropout and module.training:
-        weights = torch.nn.functional.dropout(weights, p=dropout)
+    if dropout:
+        weights = F.dropout(weights, p=dropout)
     out = torch.matmul(weights, value)  # (B, KVH, G·q, d)
     return out.view(b, heads, q, d).transpose(1, 2).contiguous(), None
 

@@ -2,11 +2,15 @@
 
 import copy
 
+import pytest
 import torch
+from transformers.cache_utils import DynamicCache
+
+from proxy.engines import attention
+from proxy.engines.attention import register
 
 from tests.conftest import tiny_llama
 from tests.trainer.test_batch_step import RAGGED, SHARED
-from trainer.attention import register
 from trainer.batch import pack
 from trainer.step import group_logprobs
 
@@ -20,7 +24,14 @@ def _pair():
     return grouped, eager
 
 
-def test_padded_batch_forward_matches_eager():
+@pytest.fixture(params=["grouped", "sdpa fallback"])
+def path(request, monkeypatch):
+    if request.param == "sdpa fallback":  # every forward over the score limit
+        monkeypatch.setattr(attention, "MAX_SCORES", 0)
+    return request.param
+
+
+def test_padded_batch_forward_matches_eager(path):
     grouped, eager = _pair()
     ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 0, 0]])
     mask = torch.tensor([[1] * 6, [1, 1, 1, 1, 0, 0]])
@@ -30,7 +41,7 @@ def test_padded_batch_forward_matches_eager():
     torch.testing.assert_close(out_g[1, :4], out_e[1, :4], rtol=1e-5, atol=1e-5)
 
 
-def test_training_pass_logprobs_and_gradients_match_eager():
+def test_training_pass_logprobs_and_gradients_match_eager(path):
     grouped, eager = _pair()
     for samples in (RAGGED, SHARED):  # ragged prefixes; a common start run once
         groups = pack(samples, tokens_per_microbatch=1000, pad_id=0)
@@ -43,3 +54,26 @@ def test_training_pass_logprobs_and_gradients_match_eager():
         for (name, pa), (_, pb) in zip(grouped.named_parameters(), eager.named_parameters()):
             torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-4, atol=1e-5, msg=name)
             pa.grad = pb.grad = None
+
+
+def test_left_padded_decode_steps_over_a_cache_match_eager(path):
+    """The engine's decode: left-padded rows, one new token a step, position ids given."""
+    grouped, eager = _pair()
+    prompt = torch.tensor([[5, 6, 7, 8, 9], [0, 0, 11, 12, 13]])
+    mask = torch.tensor([[1] * 5, [0, 0, 1, 1, 1]])
+    caches = [DynamicCache(), DynamicCache()]
+    with torch.no_grad():
+        firsts = [
+            m(input_ids=prompt, attention_mask=mask, cache=c, use_cache=True) for m, c in zip((grouped, eager), caches)
+        ]
+        torch.testing.assert_close(firsts[0].logits[:, -1], firsts[1].logits[:, -1], rtol=1e-5, atol=1e-5)
+        positions = mask.sum(1, keepdim=True)
+        for token in (20, 21, 22):
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], dim=1)
+            ids = torch.full((2, 1), token)
+            outs = [
+                m(input_ids=ids, attention_mask=mask, position_ids=positions, cache=c, use_cache=True).logits
+                for m, c in zip((grouped, eager), caches)
+            ]
+            torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+            positions = positions + 1

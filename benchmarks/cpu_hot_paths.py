@@ -7,8 +7,11 @@
   prompt shares; 8 answers of 10 tokens each), bfloat16 autocast optional; K = 2 is a typical
   step of the example (most groups have no reward variance), K = 8 a full batch.
   `--no-shared-start` runs every prefix whole, as before the common start was run once.
-  The model is loaded as the trainer loads it on CPU: grouped-query eager attention and glibc's
+  The model is loaded as the trainer and the engine load it on CPU: grouped-query eager attention and glibc's
   malloc told to keep freed memory; `--sdpa` and `--default-malloc` give the before of each.
+- `decode`: one step of the embedded engine's decode batch, 64 left-padded rows over a
+  100-token cache (its `BatchKV`), in bfloat16 with `--bf16` (as `engine.dtype = "bfloat16"`
+  runs it), else float32.
 - `push`: writing the weights the trainer pushes to the engine to /dev/shm, as float32 and as
   bfloat16.
 
@@ -21,6 +24,7 @@ Run it on an otherwise idle machine:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import shutil
 import statistics
@@ -38,6 +42,7 @@ import trainer.step  # noqa: E402
 from proxy.config import TrainerConfig  # noqa: E402
 from proxy.engines.attention import register as grouped_attention  # noqa: E402
 from proxy.engines.base import SamplingParams  # noqa: E402
+from proxy.engines.kv import BatchKV  # noqa: E402
 from proxy.engines.local import keep_freed_memory  # noqa: E402
 from proxy.engines.model_files import DEFAULT_MODEL, resolve_model  # noqa: E402
 from proxy.engines.sampling import sample  # noqa: E402
@@ -76,13 +81,32 @@ def arithmetic_groups(k: int) -> list:
     return pack(samples, 4096, 0)
 
 
+@torch.inference_mode()
+def decode_step_ms(model, rows: int = 64, width: int = 100) -> float:
+    from transformers.cache_utils import DynamicCache
+
+    ids = torch.randint(100, 20_000, (rows, width), generator=torch.Generator().manual_seed(0))
+    prefill = DynamicCache()
+    model(input_ids=ids, cache=prefill, use_cache=True)
+    kv = BatchKV()
+    kv.add([[(layer.keys[i : i + 1], layer.values[i : i + 1]) for layer in prefill.layers] for i in range(rows)])
+    token = torch.full((rows, 1), 1000)
+
+    def step() -> None:
+        mask, positions = kv.step_inputs()
+        model(input_ids=token, attention_mask=mask, position_ids=positions, cache=kv.cache, use_cache=True)
+        kv.commit_step(mask)
+
+    return 1000 * median_seconds(step, 12, warmup=3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bf16", action="store_true", help="train under bfloat16 autocast")
     parser.add_argument(
         "--no-shared-start", action="store_true", help="run each prefix whole, not their common start once"
     )
-    parser.add_argument("--sdpa", action="store_true", help="train with torch's SDPA attention, not grouped eager")
+    parser.add_argument("--sdpa", action="store_true", help="torch's SDPA attention, not grouped eager")
     parser.add_argument("--default-malloc", action="store_true", help="leave glibc's malloc at its defaults")
     args = parser.parse_args()
     if args.no_shared_start:
@@ -100,6 +124,10 @@ def main() -> None:
     params = [SamplingParams(max_new_tokens=16, temperature=1.0, seed=i) for i in range(64)]
     gens = [torch.Generator().manual_seed(i) for i in range(64)]
     out["sample_64_rows_ms"] = round(1000 * median_seconds(lambda: sample(logits, params, gens), 20), 2)
+
+    decode_model = copy.deepcopy(model).to(torch.bfloat16) if args.bf16 else model
+    out["decode_64_rows_ms"] = round(decode_step_ms(decode_model.eval()), 1)
+    del decode_model
 
     cfg = TrainerConfig(autocast_bf16=args.bf16, loss_agg="token_mean")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-9, fused=True)

@@ -92,7 +92,7 @@ def keep_freed_memory() -> bool:
     tensors every time. With glibc's defaults each block over its adaptive mmap threshold, and
     the top of the heap past 128 KiB free, goes back to the kernel, so the next step pays a page
     fault (and the kernel's zeroing) for every 4 KiB it touches again: on the arithmetic task's
-    training loop 3.6 M minor faults and 23 s of system time per minute of steps, against 1.3 M
+    training steps 3.6 M minor faults and 23 s of system time over a probe run, against 1.3 M
     and 10 s with blocks up to 32 MiB served from the heap and the heap kept (up to 1 GiB free
     at its top). The cost is a resident size that stays at its peak. Returns whether it applied
     (False off glibc).

@@ -23,8 +23,7 @@ from typing import Any
 import torch
 
 from proxy.config import Config
-from proxy.engines.attention import register as grouped_attention
-from proxy.engines.local import DTYPES, keep_freed_memory, select_device, warn_if_emulated_bf16
+from proxy.engines.local import DTYPES, model_load_options, select_device, warn_if_emulated_bf16
 from proxy.engines.model_files import resolve_model
 from proxy.store.db import Database
 from rewards.export import SessionSamples, load_samples
@@ -140,11 +139,8 @@ class Trainer:
         warn_if_emulated_bf16(
             self.device, dtype == torch.bfloat16 or self.tcfg.autocast_bf16, "trainer.dtype / trainer.autocast_bf16"
         )
-        attention = {}
-        if self.device.type == "cpu":
-            keep_freed_memory()
-            attention["attn_implementation"] = grouped_attention()  # CPU flash attention's backward is slow
-        self.model = AutoModelForCausalLM.from_pretrained(resume or base, dtype=dtype, **attention).to(self.device)
+        options = model_load_options(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(resume or base, dtype=dtype, **options).to(self.device)
         self.model.eval()
         n = torch.get_num_threads()
         threads = f", {n} CPU thread{'s' if n != 1 else ''}" if self.device.type == "cpu" else ""
@@ -160,7 +156,7 @@ class Trainer:
             self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=fused
         )
         if self.tcfg.kl_coef > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, **attention).to(self.device).eval()
+            self.ref_model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, **options).to(self.device).eval()
             self.ref_model.requires_grad_(False)
         if resume is not None:
             self.state = checkpoint.load_state(resume, self.optimizer)

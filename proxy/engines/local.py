@@ -107,6 +107,19 @@ def keep_freed_memory() -> bool:
     return all(mallopt(param, value) == 1 for param, value in _MALLOPT)
 
 
+def model_load_options(device: torch.device) -> dict[str, str]:
+    """Prepare the process for a model on `device` and return the `from_pretrained` options for it.
+
+    On CPU (engine and trainer alike): freed memory is kept (`keep_freed_memory`) and attention is
+    the grouped eager one, because CPU flash attention is slow at decode and training shapes
+    (`proxy/engines/attention.py`). Elsewhere nothing changes.
+    """
+    if device.type != "cpu":
+        return {}
+    keep_freed_memory()
+    return {"attn_implementation": grouped_attention()}
+
+
 def load_weights_file(path: str) -> dict[str, torch.Tensor]:
     """Read safetensors weights from a file or a directory of shards."""
     from safetensors.torch import load_file
@@ -292,16 +305,13 @@ class LocalEngine:
         if self.cfg.threads > 0:
             torch.set_num_threads(self.cfg.threads)
         self._device = select_device(self.cfg.device)
-        attention = {}
-        if self._device.type == "cpu":
-            keep_freed_memory()
-            attention["attn_implementation"] = grouped_attention()  # CPU flash attention is slow at decode shapes
+        options = model_load_options(self._device)
         path = resolve_model(self.cfg.model, self.cfg.cache_dir)
         dtype = DTYPES.get(self.cfg.dtype) or (torch.float32 if self._device.type == "cpu" else torch.bfloat16)
         warn_if_emulated_bf16(self._device, dtype == torch.bfloat16, "engine.dtype")
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **attention).to(self._device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **options).to(self._device).eval()
         log.info("loaded %s on %s (%s) in %.1fs", path, self._device, dtype, time.perf_counter() - t0)
         eos = set()
         for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):

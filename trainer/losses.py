@@ -1,4 +1,4 @@
-"""Decoupled PPO policy loss (AReaL, Fu et al. 2025, arXiv 2505.24298) and token logprobs.
+"""Decoupled PPO policy loss (AReaL, Fu et al. 2025, arXiv 2505.24298).
 
 Tokens were sampled by a behaviour policy π_behav (the engine, possibly some versions stale). The
 decoupled objective separates the off-policy correction from the trust region:
@@ -15,8 +15,6 @@ at the sampling temperature), keeps exploration from collapsing onto one reply p
 The proximal policy is recomputed, or approximated by log-linear interpolation over policy versions
 (A-3PO, Li et al. 2025).
 """
-
-from collections.abc import Iterator
 
 import torch
 
@@ -158,62 +156,3 @@ def policy_loss(
     if entropy is not None:
         stats["entropy"] = _masked_mean(entropy.detach(), mask)
     return loss, stats
-
-
-def _row_temperature(temperature: float | torch.Tensor, batch: int, length: int) -> float | torch.Tensor:
-    """1 float, or (B,) per-sequence temperatures as a (B·T, 1) column matching flattened rows."""
-    if isinstance(temperature, torch.Tensor):
-        if temperature.shape != (batch,):
-            raise ValueError(f"temperature has shape {tuple(temperature.shape)}; expected ({batch},)")
-        return temperature.float().repeat_interleave(length)[:, None]
-    return float(temperature)
-
-
-def _row_chunks(
-    logits: torch.Tensor, temperature: float | torch.Tensor, chunk_rows: int
-) -> Iterator[tuple[int, torch.Tensor]]:
-    """Yield (start, x): rows of logits (B·T, V) as float32, divided by their temperature."""
-    batch, length, vocab = logits.shape
-    rows = logits.reshape(batch * length, vocab)
-    temp = _row_temperature(temperature, batch, length)
-    for start in range(0, batch * length, chunk_rows):
-        x = rows[start : start + chunk_rows].float()
-        if isinstance(temp, torch.Tensor):
-            x = x / temp[start : start + chunk_rows]
-        elif temp != 1.0:
-            x = x / temp
-        yield start, x
-
-
-def token_logprobs(
-    logits: torch.Tensor,  # (B, T, V)
-    target_ids: torch.Tensor,  # (B, T) long, valid ids (pad with any id and mask the loss)
-    temperature: float | torch.Tensor = 1.0,  # or (B,) per sequence
-    chunk_rows: int = 4096,
-) -> torch.Tensor:
-    """log_softmax(logits / temperature) at the targets, (B, T) float32.
-
-    Computed as the gathered logit minus logsumexp, chunk_rows rows at a time: no (B, T, V)
-    log_softmax is materialised, and bf16 logits are upcast one chunk at a time.
-    """
-    batch, length, _ = logits.shape
-    targets = target_ids.reshape(batch * length, 1)
-    out = [
-        x.gather(1, targets[start : start + x.shape[0]]).squeeze(1) - torch.logsumexp(x, dim=-1)
-        for start, x in _row_chunks(logits, temperature, chunk_rows)
-    ]
-    return torch.cat(out).view(batch, length) if out else logits.new_zeros(batch, length, dtype=torch.float32)
-
-
-def entropy(
-    logits: torch.Tensor,  # (B, T, V)
-    temperature: float | torch.Tensor = 1.0,
-    chunk_rows: int = 4096,
-) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) per token, (B, T): logsumexp(x) - Σ softmax(x) · x."""
-    batch, length, _ = logits.shape
-    out = [
-        torch.logsumexp(x, dim=-1) - (torch.softmax(x, dim=-1) * x).sum(-1)
-        for _, x in _row_chunks(logits, temperature, chunk_rows)
-    ]
-    return torch.cat(out).view(batch, length) if out else logits.new_zeros(batch, length, dtype=torch.float32)

@@ -58,7 +58,11 @@ def test_by_hand_two_tokens():
     weight = torch.tensor([[0.0], [torch.log(torch.tensor(3.0))]])
     logp, ent = head_logprobs(hidden, weight, None, torch.tensor([1]), entropy=True)
     assert logp.item() == pytest.approx(-0.287682, abs=1e-6)
-    assert ent.item() == pytest.approx(-(0.25 * -1.386294 + 0.75 * -0.287682), abs=1e-6)
+    # entropy of (1/4, 3/4): 0.25 ln 4 + 0.75 ln(4/3) = 0.346574 + 0.215762 = 0.562335
+    assert ent.item() == pytest.approx(0.562335, abs=1e-6)
+    # temperature 2: logits 0, ln sqrt(3) -> p(1) = sqrt(3) / (1 + sqrt(3)) = 0.633975, ln = -0.455746
+    half = torch.tensor([0.5])
+    assert head_logprobs(hidden, weight, None, torch.tensor([1]), half)[0].item() == pytest.approx(-0.455746, abs=1e-6)
     # d logp / d logit_1 = 1 - 3/4; logit_1 = w_1 · h, so d/dh = 0.25 · ln 3.
     hidden.requires_grad_(True)
     head_logprobs(hidden, weight, None, torch.tensor([1]))[0].sum().backward()

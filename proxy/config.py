@@ -170,6 +170,10 @@ class TrainerConfig(Section):
     for drgrpo, token_mean otherwise)."""
     minibatches: int = 1
     """Optimizer steps per training batch (more than 1 recomputes proximal logprobs first)."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over each training batch (PPO epochs), each of `minibatches` optimizer steps. From the
+    second pass on the samples are reused, so the clip (`eps_clip`, `eps_clip_high`) against the
+    proximal logprobs, fixed before the first pass, bounds how far the later passes move."""
     style: Literal["individual", "concat"] = "individual"
     """Training sample style built from each session."""
     tokens_per_microbatch: int = 8192

@@ -251,15 +251,24 @@ class Trainer:
         if samples:
             batches = pack(samples, self.tcfg.tokens_per_microbatch, self.pad_id)
             self._set_lr(step)
-            if self.tcfg.minibatches > 1 and self.tcfg.proximal == "recompute":
+            updates = self.tcfg.minibatches * self.tcfg.epochs
+            if updates > 1 and self.tcfg.proximal == "recompute":
                 recompute_proximal(
                     self.model, batches, self.device, self.tcfg.tokens_per_microbatch, self.tcfg.autocast_bf16
                 )
             parts = [batches[i :: self.tcfg.minibatches] for i in range(self.tcfg.minibatches)]
-            for part in (p for p in parts if p):
-                result = train_step(
-                    self.model, self.optimizer, part, self.tcfg, self.device, self.state.version, self.ref_model
-                )
+            for _ in range(self.tcfg.epochs):
+                for part in (p for p in parts if p):
+                    result = train_step(
+                        self.model,
+                        self.optimizer,
+                        part,
+                        self.tcfg,
+                        self.device,
+                        self.state.version,
+                        self.ref_model,
+                        keep_proximal=self.tcfg.epochs > 1,
+                    )
         t_train = time.time() - t0
         self._audit({"step": step, "trained": [s.session_id for s in train_on], "skipped": skipped})
         self.state.step = step

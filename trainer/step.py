@@ -199,7 +199,11 @@ def train_step(
     device: torch.device,
     version: int,
     ref_model: Any = None,
+    keep_proximal: bool = False,
 ) -> StepResult:
+    """One optimizer step over `batches`. With `keep_proximal`, the proximal logprobs a group is
+    first trained against (interpolated, or the behaviour's) are stored on it, so a later pass over
+    the same group (another epoch) is measured against the same proximal policy, not the updated one."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     normaliser = normaliser_for(batches, cfg.loss_agg)
@@ -226,6 +230,8 @@ def train_step(
                 prox = proximal_logprobs_interpolate(behav, logp.detach(), mb.versions.to(device), version + 1, version)
             else:
                 prox = logp.detach()
+            if keep_proximal and mb.prox_logprobs is None:
+                mb.prox_logprobs = prox.detach().cpu()
             loss, stats = policy_loss(
                 logp,
                 prox,

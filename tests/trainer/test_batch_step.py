@@ -188,6 +188,28 @@ def test_a_step_raises_the_logprob_of_advantaged_tokens(tiny):
     assert len(changed) == len(list(model.parameters())), "every parameter trained"
 
 
+def test_a_second_epoch_is_measured_against_the_first_epochs_proximal_policy(tiny):
+    """epochs > 1: the proximal logprobs of the first pass are kept on the groups, so the second
+    pass's ratio is to the policy before the update (and clips), not to itself (always 1)."""
+    cfg = TrainerConfig(batch_size=4, loss_agg="token_mean", proximal="recompute", optim={"lr": 5e-2, "grad_clip": 0})
+    stats = {}
+    for keep in (False, True):
+        model = copy.deepcopy(tiny)
+        groups = pack([sample([5, 6, 7, 8, 9], [0, 0, 0, 1, 1], adv=1.0)], 1000, 0)
+        with torch.no_grad():
+            before = target_logprobs(model, groups[0], torch.device("cpu"))
+            groups[0].behav_logprobs = before.clone()
+        opt = torch.optim.AdamW(model.parameters(), lr=5e-2)
+        train_step(model, opt, groups, cfg, torch.device("cpu"), version=0, keep_proximal=keep)
+        if keep:
+            torch.testing.assert_close(groups[0].prox_logprobs, before)
+        else:
+            assert groups[0].prox_logprobs is None
+        stats[keep] = train_step(model, opt, groups, cfg, torch.device("cpu"), version=0, keep_proximal=keep).stats
+    assert stats[False]["ratio_mean"] == pytest.approx(1.0)
+    assert stats[True]["ratio_mean"] > 1.28 and stats[True]["clip_frac_high"] > 0  # a token past 1 + 0.28: clipped
+
+
 def test_zero_variance_groups_are_skipped():
     def s(sid: str, group: str, reward: float) -> SessionSamples:
         return SessionSamples(sid, group, group, reward, 0, [], [])

@@ -20,22 +20,24 @@ class SlabLayer(CacheLayerMixin):
 
     is_croppable = False
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int | None = None) -> None:
+    def __init__(
+        self, keys: torch.Tensor, values: torch.Tensor, capacity: int | None = None, row_capacity: int = 0
+    ) -> None:
         self.is_initialized = True
         self.device = keys.device
-        width = keys.shape[-2]
+        self.rows, width = keys.shape[0], keys.shape[-2]
         capacity = max(capacity or 0, width, 16)
-        shape = (keys.shape[0], keys.shape[1], capacity, keys.shape[3])
+        shape = (max(row_capacity, self.rows), keys.shape[1], capacity, keys.shape[3])
         self._k = keys.new_zeros(shape)
         self._v = values.new_zeros(shape)
-        self._k[:, :, :width] = keys
-        self._v[:, :, :width] = values
+        self._k[: self.rows, :, :width] = keys
+        self._v[: self.rows, :, :width] = values
         self.length = width
 
     # Transformers reads `.keys` / `.values` as the live cache.
     @property
     def keys(self) -> torch.Tensor:  # type: ignore[override]
-        return self._k[:, :, : self.length]
+        return self._k[: self.rows, :, : self.length]
 
     @keys.setter
     def keys(self, value: torch.Tensor | None) -> None:  # base-class __init__ assigns None
@@ -43,7 +45,7 @@ class SlabLayer(CacheLayerMixin):
 
     @property
     def values(self) -> torch.Tensor:  # type: ignore[override]
-        return self._v[:, :, : self.length]
+        return self._v[: self.rows, :, : self.length]
 
     @values.setter
     def values(self, value: torch.Tensor | None) -> None:
@@ -59,15 +61,27 @@ class SlabLayer(CacheLayerMixin):
         new_capacity = max(width, capacity * 2)
         shape = (*self._k.shape[:2], new_capacity, self._k.shape[3])
         k, v = self._k.new_zeros(shape), self._v.new_zeros(shape)
-        k[:, :, : self.length] = self.keys
-        v[:, :, : self.length] = self.values
+        k[: self.rows, :, : self.length] = self.keys
+        v[: self.rows, :, : self.length] = self.values
         self._k, self._v = k, v
+
+    def put(self, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write one sequence's keys/values (1, H, l, D) into row `slot`, right-aligned to the live
+        width; the caller masks the columns before them. A slot past the rows in use adds a row."""
+        n = keys.shape[-2]
+        # the masked columns before it are zeroed: a slot past the rows in use holds whatever its
+        # memory held, and masked scores of NaN keys would still be NaN
+        self._k[slot, :, : self.length - n] = 0
+        self._v[slot, :, : self.length - n] = 0
+        self._k[slot, :, self.length - n : self.length] = keys[0]
+        self._v[slot, :, self.length - n : self.length] = values[0]
+        self.rows = max(self.rows, slot + 1)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         n = key_states.shape[-2]
         self._reserve(self.length + n)
-        self._k[:, :, self.length : self.length + n] = key_states
-        self._v[:, :, self.length : self.length + n] = value_states
+        self._k[: self.rows, :, self.length : self.length + n] = key_states
+        self._v[: self.rows, :, self.length : self.length + n] = value_states
         self.length += n
         return self.keys, self.values
 
@@ -100,11 +114,14 @@ class BatchKV:
         assert self.cache is not None
         return self.cache.layers  # type: ignore[return-value]
 
-    def add(self, rows: list[list[tuple[torch.Tensor, torch.Tensor]]], keep: list[int] | None = None) -> None:
+    def add(
+        self, rows: list[list[tuple[torch.Tensor, torch.Tensor]]], keep: list[int] | None = None, row_capacity: int = 0
+    ) -> None:
         """Append rows, each per layer (keys, values) of one prefilled sequence (1, H, l, D).
 
         `keep` names the existing rows to carry over (default: all); the rest are dropped
-        in the same rebuild.
+        in the same rebuild. The slabs get room for `row_capacity` rows, so later rows can be
+        `put` in place.
         """
         old_mask, old_layers = self.mask, (self._layers() if self.cache is not None else [])
         if old_mask is not None and keep is not None and len(keep) < old_mask.shape[0]:
@@ -134,10 +151,40 @@ class BatchKV:
             for row in rows:
                 ks.append(_pad_left(row[i][0], width))
                 vs.append(_pad_left(row[i][1], width))
-            layers.append(SlabLayer(torch.cat(ks), torch.cat(vs), capacity=width + 64))
+            layers.append(SlabLayer(torch.cat(ks), torch.cat(vs), capacity=width + 64, row_capacity=row_capacity))
         self.cache = DynamicCache()
         self.cache.layers = layers
         self.mask = torch.cat(masks)
+
+    def put(self, rows: list[list[tuple[torch.Tensor, torch.Tensor]]], slots: list[int]) -> bool:
+        """Write rows into `slots` in place: rows whose sequence has finished, or new rows at the
+        end. Only when every row fits the live width and the slabs have room for the slots; else
+        nothing is written and False says to rebuild (`add`)."""
+        if self.cache is None or not rows:
+            return False
+        layers = self._layers()
+        lengths = [row[0][0].shape[-2] for row in rows]
+        size = max(self.size, max(slots) + 1)
+        if max(lengths) > self.width or size > layers[0]._k.shape[0]:
+            return False
+        for i, layer in enumerate(layers):
+            for slot, row in zip(slots, rows):
+                layer.put(slot, *row[i])
+        mask = self.mask
+        if size > mask.shape[0]:
+            mask = torch.cat([mask, mask.new_zeros(size - mask.shape[0], mask.shape[1])])
+        for slot, n in zip(slots, lengths):
+            mask[slot] = 0
+            mask[slot, mask.shape[1] - n :] = 1
+        self.mask = mask
+        return True
+
+    def leading_padding(self) -> int:
+        """Columns at the start that are padding in every row (a `keep` of all rows drops them)."""
+        if self.mask is None:
+            return 0
+        live = torch.nonzero(self.mask.sum(0)).flatten()
+        return int(live[0]) if live.numel() else self.mask.shape[1]
 
     def keep(self, rows: list[int]) -> None:
         """Keep only `rows` (indices into the batch), then drop all-padding columns."""
@@ -151,8 +198,13 @@ class BatchKV:
         start = int(live[0]) if live.numel() else mask.shape[1]
         self.mask = mask[:, start:]
         for layer in self._layers():
-            layer._k = layer._k.index_select(0, index)[:, :, start:].contiguous()
-            layer._v = layer._v.index_select(0, index)[:, :, start:].contiguous()
+            # same row and column room as before; rows past the kept ones are never read
+            shape = (layer._k.shape[0], layer._k.shape[1], layer._k.shape[2] - start, layer._k.shape[3])
+            k, v = layer._k.new_empty(shape), layer._v.new_empty(shape)
+            k[: len(rows), :, : layer.length - start] = layer.keys.index_select(0, index)[:, :, start:]
+            v[: len(rows), :, : layer.length - start] = layer.values.index_select(0, index)[:, :, start:]
+            layer._k, layer._v = k, v
+            layer.rows = len(rows)
             layer.length -= start
 
     def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,6 +36,7 @@ from proxy.engines.base import (
     StreamDelta,
 )
 from proxy.engines.kv import BatchKV
+from proxy.engines.lean import FastForward, Segment
 from proxy.engines.model_files import resolve_model
 from proxy.engines.prefix_cache import BLOCK, Block, PrefixCache, past_of
 from proxy.engines.sampling import sample
@@ -175,6 +176,7 @@ class LocalEngine:
         self._paused = False
         self._error: BaseException | None = None
         self._prefix = PrefixCache(cfg.prefix_cache_tokens)
+        self._fast: FastForward | None = None
         self.stats = {"steps": 0, "tokens": 0, "prefill_tokens": 0, "cached_prompt_tokens": 0, "requests": 0}
         self._stop_strings_window: dict[str, int] = {}
 
@@ -312,7 +314,16 @@ class LocalEngine:
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **options).to(self._device).eval()
-        log.info("loaded %s on %s (%s) in %.1fs", path, self._device, dtype, time.perf_counter() - t0)
+        if self.cfg.fast_path == "auto" and self._device.type == "cpu" and FastForward.supports(self.model):
+            self._fast = FastForward(self.model)
+        log.info(
+            "loaded %s on %s (%s%s) in %.1fs",
+            path,
+            self._device,
+            dtype,
+            ", lean forward" if self._fast is not None else "",
+            time.perf_counter() - t0,
+        )
         eos = set()
         for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
             if isinstance(source, int):
@@ -342,9 +353,12 @@ class LocalEngine:
                     self._apply_updates()
                     if self._paused:
                         continue
-                    self._admit()
-                    if self._running:
-                        self._decode()
+                    if self._fast is not None:
+                        self._fused_step()
+                    else:
+                        self._admit()
+                        if self._running:
+                            self._decode()
         except BaseException as exc:  # the engine thread must report, never die silently
             log.exception("local engine crashed")
             self._error = exc
@@ -375,6 +389,8 @@ class LocalEngine:
             try:
                 _check_fits(self.model.state_dict(), update.state)  # before loading: no half-applied update
                 self.model.load_state_dict(update.state, strict=False)
+                if self._fast is not None:
+                    self._fast.refresh()
                 self._version = update.version
                 self._prefix.clear()  # keys/values of the old weights
                 result: BaseException | None = None
@@ -382,14 +398,15 @@ class LocalEngine:
                 result = exc
             update.loop.call_soon_threadsafe(_resolve, update.done, result)
 
-    def _admit(self) -> None:
-        """Prefill waiting requests and add them to the running batch.
+    def _take(self) -> tuple[dict[tuple[int, ...], list[_Request]], list[tuple[list[Block], list[tuple[int, ...]]]]]:
+        """Waiting requests up to the batch's free rows, by prompt, and the prefills they need.
 
         Identical prompts (the n samples of one task) are prefilled once. Prompts that begin
         with the same cached blocks (the prefix cache) share those keys/values and prefill only
-        the rest; each such set is right-padded into batches of at most `_PREFILL_TOKENS`
+        the rest; each such set is right-padded into chunks of at most `_PREFILL_TOKENS`
         tokens. Right padding needs no attention mask: causal attention keeps every real
-        position exact, and the padded tail of each row's KV is cut off.
+        position exact, and the padded tail of each row's KV is cut off. Returns the requests
+        by prompt and the (cached chain, prompts) of each prefill.
         """
         budget = self.cfg.max_batch_size - self._alive_count()
         taken: list[_Request] = []
@@ -398,8 +415,6 @@ class LocalEngine:
                 req = self._waiting.popleft()
                 if not req.cancelled:
                     taken.append(req)
-        if not taken:
-            return
         by_prompt: dict[tuple[int, ...], list[_Request]] = {}
         for req in taken:
             by_prompt.setdefault(tuple(req.input_ids), []).append(req)
@@ -407,24 +422,102 @@ class LocalEngine:
         for prompt in sorted(by_prompt, key=len):
             chain = self._prefix.match(prompt) if self._prefix.max_blocks else []
             by_past.setdefault(chain[-1].id if chain else 0, (chain, []))[1].append(prompt)
+        return by_prompt, [(chain, chunk) for chain, prompts in by_past.values() for chunk in _prefill_chunks(prompts)]
+
+    def _admit(self) -> None:
+        """Prefill waiting requests, each chunk a forward of its own, and add them to the running batch."""
+        by_prompt, prefills = self._take()
         admitted: list[_Request] = []
         rows: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        for chain, prompts in by_past.values():
-            for chunk in _prefill_chunks(prompts):
-                logits, kv = self._prefill(chunk, chain)
-                for i, prompt in enumerate(chunk):
-                    row = [(k[i : i + 1, :, : len(prompt)], v[i : i + 1, :, : len(prompt)]) for k, v in kv]
-                    self._prefix.store(prompt, row)
-                    reqs = by_prompt[prompt]
-                    finished = self._emit(reqs, logits[i : i + 1].expand(len(reqs), -1))
-                    for req in reqs:
-                        if req not in finished:
-                            admitted.append(req)
-                            rows.append(row)
-        if admitted:
-            keep = [i for i, r in enumerate(self._running) if r is not None]
-            self._kv.add(rows, keep=keep)  # one rebuild: dead rows dropped, new rows joined
-            self._running = [self._running[i] for i in keep] + admitted
+        for chain, chunk in prefills:
+            logits, kv = self._prefill(chunk, chain)
+            self._prefilled(chunk, logits, kv, by_prompt, admitted, rows)
+        self._join(admitted, rows)
+
+    def _prefilled(self, chunk, logits, kv, by_prompt, admitted, rows) -> None:  # noqa: ANN001
+        """A prefilled chunk: cache its blocks, sample each request's first token, and collect the
+        requests (and their KV rows) that go on decoding."""
+        for i, prompt in enumerate(chunk):
+            row = [(k[i : i + 1, :, : len(prompt)], v[i : i + 1, :, : len(prompt)]) for k, v in kv]
+            self._prefix.store(prompt, row)
+            reqs = by_prompt[prompt]
+            finished = self._emit(reqs, logits[i : i + 1].expand(len(reqs), -1))
+            for req in reqs:
+                if req not in finished:
+                    admitted.append(req)
+                    rows.append(row)
+
+    def _join(self, admitted: list[_Request], rows: list) -> None:
+        """Add admitted requests to the running batch: written in place into the rows of finished
+        sequences (and free rows at the end) when they fit, else in one rebuild of the batch."""
+        if not admitted:
+            return
+        free = [i for i, r in enumerate(self._running) if r is None][: len(admitted)]
+        slots = free + list(range(len(self._running), len(self._running) + len(admitted) - len(free)))
+        if self._kv.put(rows, slots):
+            for slot, req in zip(slots, admitted):
+                if slot < len(self._running):
+                    self._running[slot] = req
+                else:
+                    self._running.append(req)
+            return
+        keep = [i for i, r in enumerate(self._running) if r is not None]
+        # one rebuild: dead rows dropped, new rows joined, room left for the batch to fill up in place
+        self._kv.add(rows, keep=keep, row_capacity=self.cfg.max_batch_size)
+        self._running = [self._running[i] for i in keep] + admitted
+
+    def _fused_step(self) -> None:
+        """One forward for the whole step (the lean path): a token for every running row and the
+        prefills of newly admitted requests together, so the weights are read once per step."""
+        by_prompt, prefills = self._take()
+        self._drop_cancelled()
+        segments: list[Segment] = []
+        decode_mask = None
+        if self._alive_count():
+            decode_mask, positions = self._kv.step_inputs()
+            ids = self._step_ids()
+            additive = (1 - decode_mask[:, None, None, :]).to(self.model.dtype) * torch.finfo(self.model.dtype).min
+            segments.append(Segment(ids=ids, positions=positions, mask=additive, layers=self._kv.cache.layers))
+        elif self._running:
+            self._compact()
+        for chain, chunk in prefills:
+            segments.append(self._prefill_segment(chunk, chain))
+        if not segments:
+            return
+        logits = self._fast(segments)
+        offset = 0
+        if decode_mask is not None:
+            self._kv.commit_step(decode_mask)
+            self.stats["steps"] += 1
+            offset = len(self._running)
+            self._decoded(logits[:offset])
+        admitted: list[_Request] = []
+        rows: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        for (_, chunk), segment in zip(prefills, segments[1 if decode_mask is not None else 0 :]):
+            self._prefilled(chunk, logits[offset : offset + len(chunk)], segment.kv, by_prompt, admitted, rows)
+            offset += len(chunk)
+        self._join(admitted, rows)
+        self._maybe_compact()
+
+    def _prefill_segment(self, prompts: list[tuple[int, ...]], chain: list[Block]) -> Segment:
+        done = len(chain) * BLOCK
+        longest = len(prompts[-1]) - done
+        pad = self.info.eos_token_ids[0] if self.info.eos_token_ids else 0
+        ids = torch.full((len(prompts), longest), pad, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, : len(prompt) - done] = torch.tensor(prompt[done:])
+        self._count_prefill(prompts, done)
+        return Segment(
+            ids=ids.to(self._device),
+            positions=(done + torch.arange(longest, device=self._device))[None].expand(len(prompts), -1),
+            past=past_of(chain, len(prompts)) if chain else None,
+            last=torch.tensor([len(p) - 1 - done for p in prompts], device=self._device),
+        )
+
+    def _count_prefill(self, prompts: list[tuple[int, ...]], done: int) -> None:
+        self.stats["prefill_tokens"] += sum(len(p) - done for p in prompts)
+        self.stats["cached_prompt_tokens"] += done * len(prompts)
+        self.stats["requests"] += len(prompts)
 
     def _prefill(
         self, prompts: list[tuple[int, ...]], chain: list[Block]
@@ -448,26 +541,20 @@ class LocalEngine:
         column = {pos: j for j, pos in enumerate(last)}
         picks = torch.tensor([column[len(p) - 1 - done] for p in prompts], device=self._device)
         logits = out.logits[torch.arange(len(prompts), device=self._device), picks]
-        self.stats["prefill_tokens"] += sum(len(p) - done for p in prompts)
-        self.stats["cached_prompt_tokens"] += done * len(prompts)
-        self.stats["requests"] += len(prompts)
+        self._count_prefill(prompts, done)
         return logits, [(layer.keys, layer.values) for layer in cache.layers]
 
     def _alive_count(self) -> int:
         return sum(r is not None for r in self._running)
 
     def _decode(self) -> None:
-        for i, r in enumerate(self._running):
-            if r is not None and r.cancelled:
-                self._running[i] = None
+        self._drop_cancelled()
         if not self._alive_count():
             self._compact()
             return
         mask, positions = self._kv.step_inputs()
-        pad = self.info.eos_token_ids[0] if self.info.eos_token_ids else 0
-        ids = torch.tensor([[r.last_token if r is not None else pad] for r in self._running], device=self._device)
         out = self.model(
-            input_ids=ids,
+            input_ids=self._step_ids(),
             attention_mask=mask,
             position_ids=positions,
             cache=self._kv.cache,
@@ -475,16 +562,33 @@ class LocalEngine:
         )
         self._kv.commit_step(mask)
         self.stats["steps"] += 1
+        self._decoded(out.logits[:, -1])
+        self._maybe_compact()
+
+    def _drop_cancelled(self) -> None:
+        for i, r in enumerate(self._running):
+            if r is not None and r.cancelled:
+                self._running[i] = None
+
+    def _step_ids(self) -> torch.Tensor:
+        """(B, 1): each row's last token; finished rows still in the batch are fed a pad token."""
+        pad = self.info.eos_token_ids[0] if self.info.eos_token_ids else 0
+        return torch.tensor([[r.last_token if r is not None else pad] for r in self._running], device=self._device)
+
+    def _decoded(self, logits: torch.Tensor) -> None:
+        """Sample the running rows' next tokens from `logits` (B, V) and retire finished rows."""
         rows = [i for i, r in enumerate(self._running) if r is not None]
-        logits = out.logits[:, -1]
         finished = self._emit([self._running[i] for i in rows], logits[rows] if len(rows) < len(logits) else logits)
         if finished:
             gone = {id(r) for r in finished}
             self._running = [None if r is not None and id(r) in gone else r for r in self._running]
+
+    def _maybe_compact(self) -> None:
         dead = len(self._running) - self._alive_count()
-        # Finished rows stay in the batch (fed a pad token) until enough of them make a
-        # copy of the KV worth it: compacting costs a full copy of every layer's cache.
-        if dead and (dead * 4 >= len(self._running) or not self._alive_count()):
+        # Finished rows stay in the batch (fed a pad token, their rows reused by new requests)
+        # until enough of them, or of the padding columns every row has, make a copy of the KV
+        # worth it: compacting costs a full copy of every layer's cache.
+        if (dead and (dead * 4 >= len(self._running) or not self._alive_count())) or self._kv.leading_padding() >= 32:
             self._compact()
 
     def _compact(self) -> None:

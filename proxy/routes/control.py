@@ -8,7 +8,8 @@ from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 from starlette.responses import PlainTextResponse, Response
 
-from proxy.errors import APIError, conflict, forbidden, invalid_request, unauthorized
+from proxy.engines.base import EngineUnavailable
+from proxy.errors import APIError, conflict, engine_unavailable, forbidden, invalid_request, unauthorized
 from proxy.routes.common import caller_of, json_body, json_response, state_of
 from proxy.sessions import check_fields, hash_key
 from proxy.store.schema import SESSION_STATUSES, sessions
@@ -22,7 +23,10 @@ router = APIRouter()
 async def health(request: Request) -> Response:
     state = state_of(request)
     state.require_ready()
-    engine = await state.engine.health()
+    try:
+        engine = await state.engine.health()
+    except EngineUnavailable as exc:  # a crashed engine: unhealthy (503), not a server error
+        raise engine_unavailable(f"the engine is not serving: {exc}", retry_after=5) from None
     return json_response(
         {"status": "ok", "model": state.served_name, "version": state.engine.version, "engine": engine}
     )

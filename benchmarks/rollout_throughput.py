@@ -44,7 +44,7 @@ async def engine_rate(fast_path: str, dtype: str, concurrency: int, episodes: in
     try:
         tasks = agent.tasks("train")
         prompts = []
-        for task in tasks[: episodes // 4 + 1]:
+        for task in tasks[: (episodes + 16) // 4 + 1]:
             ids = engine.tokenizer.apply_chat_template(agent.messages_for(task), add_generation_prompt=True)
             prompts += [ids if isinstance(ids, list) else ids["input_ids"]] * 4
         slots = asyncio.Semaphore(concurrency)

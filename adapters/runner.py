@@ -22,6 +22,10 @@ those k rewards differ. A group whose first k rewards are all equal (a prompt th
 policy always fails or always solves) would almost surely be a zero-variance group,
 which GRPO skips; its other sessions are ended unrun, as failed with the reason
 "screened out", and the generation they would have cost goes to other prompts.
+
+With `balance_by` naming a task field, the next task's kind (that field's value) is drawn so
+that every kind yields about as many groups with reward variance (`adapters/balance.py`); each
+kind's tasks run in their own shuffled order.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Any
 
 import httpx
 
+from adapters.balance import KindBalancer
 from adapters.tasks import is_command, load_agent
 from proxy.config import RolloutConfig
 
@@ -57,6 +62,7 @@ class RunnerStats:
     screened_out: int = 0  # groups ended after their first screen_size episodes
     reward_sum: float = 0.0
     recent_rewards: list[float] = field(default_factory=list)
+    tasks_by_kind: dict[str, int] = field(default_factory=dict)  # with balance_by
 
     def record(self, reward: float | None) -> None:
         if reward is None:
@@ -74,6 +80,8 @@ class _Group:
     held: list[dict[str, Any]] = field(default_factory=list)  # created, not run until the screen decides
     screening: int = 0  # screen episodes still running
     screen_rewards: set[float] = field(default_factory=set)
+    rewards: set[float] = field(default_factory=set)
+    kind: str | None = None  # the task's balance_by value
 
 
 class EpisodeRunner:
@@ -102,20 +110,55 @@ class EpisodeRunner:
         self._running: set[asyncio.Task] = set()
         self._slots = asyncio.Semaphore(cfg.concurrency)
         self._stop = asyncio.Event()
-        self.stats.tasks_started = self._saved_position()
+        saved = self._saved_state()
+        self.stats.tasks_started = int(saved.get("tasks_started", 0))
+        self.balancer: KindBalancer | None = None
+        if cfg.balance_by:
+            self._init_kinds(saved.get("kind_positions", {}))
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), headers=self.headers)
 
-    def _saved_position(self) -> int:
+    def _saved_state(self) -> dict[str, Any]:
         if self.state_path and self.state_path.is_file():
-            return int(json.loads(self.state_path.read_text()).get("tasks_started", 0))
-        return 0
+            return json.loads(self.state_path.read_text())
+        return {}
 
     def _save_position(self) -> None:
         if self.state_path:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.state_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"tasks_started": self.stats.tasks_started}))
+            state: dict[str, Any] = {"tasks_started": self.stats.tasks_started}
+            if self.balancer is not None:
+                state["kind_positions"] = self._kind_pos
+            tmp.write_text(json.dumps(state))
             os.replace(tmp, self.state_path)
+
+    def _init_kinds(self, positions: dict[str, int]) -> None:
+        key = self.cfg.balance_by
+        missing = [str(t.get("id")) for t in self.tasks if key not in t]
+        if missing:
+            raise ValueError(
+                f"rollout.balance_by = {key!r}, but {len(missing)} tasks have no {key!r} field "
+                f"(first: {missing[0]}); add it to every task or leave balance_by empty"
+            )
+        self._kind_order: dict[str, list[int]] = {}
+        for i, task in enumerate(self.tasks):
+            self._kind_order.setdefault(str(task[key]), []).append(i)
+        for k, order in enumerate(self._kind_order.values()):
+            random.Random(self.cfg.seed * 1000 + k).shuffle(order)
+        self._kind_pos = {kind: int(positions.get(kind, 0)) for kind in self._kind_order}
+        self.balancer = KindBalancer(sorted(self._kind_order), seed=self.cfg.seed + sum(self._kind_pos.values()))
+        self.stats.tasks_by_kind = dict(self._kind_pos)
+
+    def _next_task(self, order: list[int]) -> tuple[dict[str, Any], str, str | None]:
+        """The next new task, its group id (unique per pass over the data) and its kind."""
+        n = self.stats.tasks_started
+        if self.balancer is None:
+            task = self.tasks[order[n % len(order)]]
+            return task, f"{task['id']}@{n // len(order)}", None
+        kind = self.balancer.choose()
+        indices, i = self._kind_order[kind], self._kind_pos[kind]  # moved on once the group is created
+        task = self.tasks[indices[i % len(indices)]]
+        return task, f"{task['id']}@{i // len(indices)}", kind
 
     # -- the run --------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> RunnerStats:
@@ -127,6 +170,7 @@ class EpisodeRunner:
         try:
             while not stop.is_set():
                 retry = bool(self._hard)
+                kind = None
                 if retry:
                     task, first_try = self._hard.popleft()
                     group_id, size = f"{first_try}+hard", self.cfg.hard_group_size
@@ -139,8 +183,8 @@ class EpisodeRunner:
                         continue
                     if not self.tasks:
                         break
-                    task = self.tasks[order[n % len(order)]]
-                    group_id, size = f"{task['id']}@{n // len(order)}", self.cfg.group_size
+                    task, group_id, kind = self._next_task(order)
+                    size = self.cfg.group_size
                 # one group waits for free slots so it starts together; a screened group's held
                 # sessions keep theirs, so the rest starts the moment the screen decides rather
                 # than behind newer groups (its first sessions age with every training step)
@@ -161,9 +205,11 @@ class EpisodeRunner:
                     self.stats.hard_groups += 1
                 else:
                     self.stats.tasks_started += 1
+                    if kind is not None:
+                        self._kind_pos[kind] = self.stats.tasks_by_kind[kind] = self._kind_pos[kind] + 1
                     self._save_position()
                 self._groups[group_id] = _Group(
-                    task, retry, left=len(group), held=group[first:], screening=first if first < size else 0
+                    task, retry, left=len(group), held=group[first:], screening=first if first < size else 0, kind=kind
                 )
                 self._open.update(s["session_id"] for s in group[first:])
                 for session in group[:first]:
@@ -249,8 +295,9 @@ class EpisodeRunner:
         if group is None:  # two tasks with one id share a group; the first to end it counted it
             return
         group.left -= 1
-        if reward is not None and reward > 0:
-            group.earned = True
+        if reward is not None:
+            group.rewards.add(reward)
+            group.earned = group.earned or reward > 0
         if group.screening:
             group.screening -= 1
             if reward is not None:
@@ -259,6 +306,8 @@ class EpisodeRunner:
                 self._decide_screen(group_id, group)
         if group.left == 0:
             del self._groups[group_id]
+            if self.balancer is not None and group.kind is not None:
+                self.balancer.record(group.kind, group.rewards)
             if self.cfg.hard_group_size and not group.retry and not group.earned:
                 self._hard.append((group.task, group_id))
 

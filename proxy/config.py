@@ -225,6 +225,9 @@ class RolloutConfig(Section):
     screen_size: int = Field(default=0, ge=0)
     """Run the first this-many samples of a group first and the rest only if their rewards
     differ; a group they all scored alike is ended there, as GRPO would skip it (0: off)."""
+    balance_by: str = ""
+    """A task field (e.g. "kind"): draw the next task's value of it so that every value yields about as
+    many groups with reward variance, each value's tasks in their own order (empty: dataset order)."""
     max_tasks: int = 0
     """Stop after this many tasks (0: the whole dataset, cycling until the trainer stops)."""
     seed: int = 0

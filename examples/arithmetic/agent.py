@@ -39,7 +39,8 @@ def tasks(split: str = "train", seed: int = 0) -> list[dict]:
     for i in chosen:
         a, op, b = problems[i]
         answer = a + b if op == "+" else a - b
-        out.append({"id": f"{a}{op}{b}", "question": f"What is {a} {op} {b}?", "reference": str(answer)})
+        kind = "addition" if op == "+" else "subtraction"
+        out.append({"id": f"{a}{op}{b}", "question": f"What is {a} {op} {b}?", "reference": str(answer), "kind": kind})
     if split != "eval":
         random.Random(seed).shuffle(out)
     return out

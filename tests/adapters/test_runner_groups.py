@@ -51,12 +51,15 @@ TASKS = [
 ]
 
 
-def run_tasks(tmp_path: Path, cfg: RolloutConfig, tasks: list[dict]) -> tuple[RunnerStats, list[dict]]:
+def run_tasks(
+    tmp_path: Path, cfg: RolloutConfig, tasks: list[dict], state_path: Path | None = None
+) -> tuple[RunnerStats, list[dict]]:
     """Run the runner to the end against a real server; its stats and every session it left."""
     module = tmp_path / "by_reference.py"
     module.write_text(REWARDS)
     with run_server(tmp_path, f"sqlite:///{tmp_path}/groups.db", "--rewards", str(module)) as server:
-        stats = asyncio.run(EpisodeRunner(cfg, server.url, tasks, agent=one_call).run())
+        runner = EpisodeRunner(cfg, server.url, tasks, agent=one_call, state_path=state_path)
+        stats = asyncio.run(runner.run())
         listed = httpx.get(f"{server.url}/sessions", params={"limit": 100}).json()["data"]
     return stats, listed
 

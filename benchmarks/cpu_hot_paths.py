@@ -42,8 +42,8 @@ import trainer.step  # noqa: E402
 from proxy.config import TrainerConfig  # noqa: E402
 from proxy.engines.attention import register as grouped_attention  # noqa: E402
 from proxy.engines.base import SamplingParams  # noqa: E402
+from proxy.engines.devices import keep_freed_memory  # noqa: E402
 from proxy.engines.kv import BatchKV  # noqa: E402
-from proxy.engines.local import keep_freed_memory  # noqa: E402
 from proxy.engines.model_files import DEFAULT_MODEL, resolve_model  # noqa: E402
 from proxy.engines.sampling import sample  # noqa: E402
 from trainer.batch import Sample, pack  # noqa: E402

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from proxy.config import Config
-from proxy.engines.local import DTYPES, model_load_options, select_device, warn_if_emulated_bf16
+from proxy.engines.devices import DTYPES, model_load_options, select_device, warn_if_emulated_bf16
 from proxy.engines.model_files import resolve_model
 from proxy.store.db import Database
 from rewards.export import SessionSamples, load_samples

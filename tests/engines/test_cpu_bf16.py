@@ -7,8 +7,8 @@ import logging
 
 import torch
 
-from proxy.engines import local
-from proxy.engines.local import cpu_has_native_bf16, warn_if_emulated_bf16
+from proxy.engines import devices
+from proxy.engines.devices import cpu_has_native_bf16, warn_if_emulated_bf16
 
 AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw\nprocessor\t: 1\n"
 WITH_BF16 = "flags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"
@@ -23,14 +23,14 @@ def test_native_bf16_is_read_from_the_cpu_flags():
 
 
 def test_a_warning_only_for_bf16_on_a_cpu_without_it(monkeypatch, caplog):
-    monkeypatch.setattr(local, "cpu_has_native_bf16", lambda: False)
-    with caplog.at_level(logging.WARNING, logger=local.log.name):
+    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: False)
+    with caplog.at_level(logging.WARNING, logger=devices.log.name):
         warn_if_emulated_bf16(torch.device("cpu"), False, "engine.dtype")
         assert not caplog.records
         warn_if_emulated_bf16(torch.device("cpu"), True, "engine.dtype")
         assert len(caplog.records) == 1 and "engine.dtype" in caplog.records[0].getMessage()
-    monkeypatch.setattr(local, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(devices, "cpu_has_native_bf16", lambda: True)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger=local.log.name):
+    with caplog.at_level(logging.WARNING, logger=devices.log.name):
         warn_if_emulated_bf16(torch.device("cpu"), True, "engine.dtype")
     assert not caplog.records

@@ -1,0 +1,82 @@
+"""When the embedded engine's thread dies, the proxy says so in OpenAI's shape: a completion in
+flight and every later one get 503 with Retry-After, /health turns 503, and nothing is recorded
+for the completion that was not answered.
+
+The server runs in this process (uvicorn on a free port, real SQLite, the real model) so the test
+can break the engine's step the way a real fault would: an exception inside the engine thread.
+"""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from proxy.app import create_app
+from proxy.config import load_config
+
+
+@pytest.fixture
+def server(tmp_path):
+    db = tmp_path / "areal.db"
+    cfg = load_config(overrides=[f"store.url=sqlite:///{db}", "proxy.admission=false"])
+    app = create_app(cfg)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    deadline = time.monotonic() + 240
+    while True:
+        assert time.monotonic() < deadline, "server did not become healthy"
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    try:
+        yield url, app.state.areal.engine, db
+    finally:
+        srv.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def _openai_error(response: httpx.Response) -> dict:
+    error = response.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"}
+    return error
+
+
+def test_a_dead_engine_gives_503s_not_500s_and_records_nothing(server):
+    url, engine, db = server
+    body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=120).status_code == 200
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected engine fault")
+
+    engine._fused_step = engine._admit = engine._decode = broken  # the next step raises in the engine thread
+    first = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+    assert first.status_code == 503, first.text
+    assert "injected engine fault" in _openai_error(first)["message"]
+    assert first.headers["retry-after"]
+
+    health = httpx.get(url + "/health", timeout=30)
+    assert health.status_code == 503, health.text
+    assert _openai_error(health)["code"] == "engine_unavailable"
+    assert health.headers["retry-after"]
+
+    later = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+    assert later.status_code == 503, later.text
+    _openai_error(later)
+
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select count(*) from completions").fetchone()[0] == 1, "only the answered call"

@@ -62,7 +62,7 @@ class RunnerStats:
     screened_out: int = 0  # groups ended after their first screen_size episodes
     reward_sum: float = 0.0
     recent_rewards: list[float] = field(default_factory=list)
-    tasks_by_kind: dict[str, int] = field(default_factory=dict)  # with balance_by
+    tasks_by_kind: dict[str, int] = field(default_factory=dict)  # balance_by: started per kind = each kind's position
 
     def record(self, reward: float | None) -> None:
         if reward is None:
@@ -76,12 +76,16 @@ class _Group:
     task: dict[str, Any]
     retry: bool
     left: int  # sessions not yet ended
-    earned: bool = False  # some session scored above 0
     held: list[dict[str, Any]] = field(default_factory=list)  # created, not run until the screen decides
     screening: int = 0  # screen episodes still running
     screen_rewards: set[float] = field(default_factory=set)
-    rewards: set[float] = field(default_factory=set)
+    rewards: set[float] = field(default_factory=set)  # distinct rewards of its ended sessions
     kind: str | None = None  # the task's balance_by value
+
+    @property
+    def earned(self) -> bool:
+        """Some session scored above 0."""
+        return any(r > 0 for r in self.rewards)
 
 
 class EpisodeRunner:
@@ -128,7 +132,7 @@ class EpisodeRunner:
             tmp = self.state_path.with_suffix(".tmp")
             state: dict[str, Any] = {"tasks_started": self.stats.tasks_started}
             if self.balancer is not None:
-                state["kind_positions"] = self._kind_pos
+                state["kind_positions"] = self.stats.tasks_by_kind
             tmp.write_text(json.dumps(state))
             os.replace(tmp, self.state_path)
 
@@ -145,9 +149,9 @@ class EpisodeRunner:
             self._kind_order.setdefault(str(task[key]), []).append(i)
         for k, order in enumerate(self._kind_order.values()):
             random.Random(self.cfg.seed * 1000 + k).shuffle(order)
-        self._kind_pos = {kind: int(positions.get(kind, 0)) for kind in self._kind_order}
-        self.balancer = KindBalancer(sorted(self._kind_order), seed=self.cfg.seed + sum(self._kind_pos.values()))
-        self.stats.tasks_by_kind = dict(self._kind_pos)
+        self.stats.tasks_by_kind = {kind: int(positions.get(kind, 0)) for kind in self._kind_order}
+        started = sum(self.stats.tasks_by_kind.values())
+        self.balancer = KindBalancer(sorted(self._kind_order), seed=self.cfg.seed + started)
 
     def _next_task(self, order: list[int]) -> tuple[dict[str, Any], str, str | None]:
         """The next new task, its group id (unique per pass over the data) and its kind."""
@@ -156,7 +160,7 @@ class EpisodeRunner:
             task = self.tasks[order[n % len(order)]]
             return task, f"{task['id']}@{n // len(order)}", None
         kind = self.balancer.choose()
-        indices, i = self._kind_order[kind], self._kind_pos[kind]  # moved on once the group is created
+        indices, i = self._kind_order[kind], self.stats.tasks_by_kind[kind]  # moved on once the group is created
         task = self.tasks[indices[i % len(indices)]]
         return task, f"{task['id']}@{i // len(indices)}", kind
 
@@ -206,7 +210,7 @@ class EpisodeRunner:
                 else:
                     self.stats.tasks_started += 1
                     if kind is not None:
-                        self._kind_pos[kind] = self.stats.tasks_by_kind[kind] = self._kind_pos[kind] + 1
+                        self.stats.tasks_by_kind[kind] += 1
                     self._save_position()
                 self._groups[group_id] = _Group(
                     task, retry, left=len(group), held=group[first:], screening=first if first < size else 0, kind=kind
@@ -297,7 +301,6 @@ class EpisodeRunner:
         group.left -= 1
         if reward is not None:
             group.rewards.add(reward)
-            group.earned = group.earned or reward > 0
         if group.screening:
             group.screening -= 1
             if reward is not None:

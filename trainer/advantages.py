@@ -13,6 +13,10 @@ REINFORCE++ std is global: over the group-centred rewards of every sample in the
 carries signal. A group whose rewards are all equal, a group of one included, carries none: its samples
 get advantage 0 and are flagged `skipped` so the trainer can drop and count them (DAPO dynamic sampling).
 arXiv: DeepSeekMath 2402.03300, Dr. GRPO 2503.20783, RLOO 2402.14740, REINFORCE++ 2501.03262.
+
+`max_variance_subset` picks which samples of a group to train when only m may be (PODS, Xu et al.
+2025, arXiv 2504.13818): the m whose rewards vary most, which are always some of the lowest and
+the rest of the highest.
 """
 
 from collections.abc import Callable
@@ -96,6 +100,25 @@ def reinforce_pp(rewards: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e
     live = centred[~g.flat]
     std = live.std() if live.numel() >= 2 else rewards.new_tensor(1.0)
     return _advantages(rewards, g.mean, (std + eps).expand_as(rewards), g.flat)
+
+
+def max_variance_subset(rewards: list[float], m: int) -> list[int]:
+    """Indices (ascending) of the m of `rewards` whose population variance is largest: the i
+    lowest and the m - i highest for the best i (PODS, Lemma 3.1), ties broken towards the lowest
+    i, and among equal rewards towards the earliest. All of them when there are at most m."""
+    if len(rewards) <= m:
+        return list(range(len(rewards)))
+    order = sorted(range(len(rewards)), key=lambda i: rewards[i])  # stable: earliest first among equals
+    ascending = [rewards[i] for i in order]
+    best, best_var = 0, -1.0
+    for low in range(m + 1):
+        picked = ascending[:low] + ascending[len(ascending) - (m - low) :]
+        mean = sum(picked) / m
+        var = sum((r - mean) ** 2 for r in picked) / m
+        if var > best_var + 1e-12:
+            best, best_var = low, var
+    top = sorted(order[best:], key=lambda i: (-rewards[i], i))[: m - best]  # highest, earliest among equals
+    return sorted(order[:best] + top)
 
 
 Estimator = Callable[[torch.Tensor, torch.Tensor], Advantages]

@@ -28,7 +28,7 @@ from proxy.engines.model_files import resolve_model
 from proxy.store.db import Database
 from rewards.export import SessionSamples, load_samples
 from trainer import checkpoint
-from trainer.advantages import ADVANTAGES
+from trainer.advantages import ADVANTAGES, max_variance_subset
 from trainer.batch import build_samples, pack
 from trainer.claim import claim_batch, mark_skipped, release_after
 from trainer.metrics import MetricsSink, StallWatch
@@ -86,6 +86,23 @@ def session_advantages(
     return baseline, scale, kept, skipped, [s.session_id for i, s in enumerate(sessions) if bool(unsolved[i])]
 
 
+def downsample_groups(sessions: list[SessionSamples], m: int) -> tuple[list[SessionSamples], list[str]]:
+    """(the sessions to train, the ids left out): every group whose rewards differ keeps its m
+    sessions of largest reward variance (`max_variance_subset`); flat groups stay whole (they
+    carry no signal to select by and are skipped or kept whole as unsolved later)."""
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(sessions):
+        groups.setdefault(s.group_id, []).append(i)
+    left_out: set[int] = set()
+    for members in groups.values():
+        rewards = [sessions[i].reward for i in members]
+        if len(members) > m and len(set(rewards)) > 1:
+            chosen = {members[j] for j in max_variance_subset(rewards, m)}
+            left_out.update(i for i in members if i not in chosen)
+    kept = [s for i, s in enumerate(sessions) if i not in left_out]
+    return kept, [sessions[i].session_id for i in sorted(left_out)]
+
+
 @dataclass
 class _Batch:
     """What the next step trains: claimed sessions, those of them kept with their group
@@ -96,6 +113,7 @@ class _Batch:
     baseline: dict[str, float] = field(default_factory=dict)
     scale: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    downsampled: list[str] = field(default_factory=list)  # left out by trainer.train_per_group
     dropped: int = 0
     unsolved: int = 0  # kept sessions of unsolved groups (trainer.unsolved_advantage)
 
@@ -226,6 +244,13 @@ class Trainer:
         """Load claimed sessions into the next step's batch; groups without reward variance are
         marked skipped (with skip_zero_variance) and only counted."""
         sessions = self.db.read(lambda c: load_samples(c, session_ids))
+        batch.sessions += sessions
+        if self.tcfg.train_per_group:
+            sessions, left_out = downsample_groups(sessions, self.tcfg.train_per_group)
+            if left_out:
+                reason = f"down-sampled: not among its group's {self.tcfg.train_per_group} of largest reward variance"
+                self.db.transaction(lambda c: mark_skipped(c, left_out, reason))
+                batch.downsampled += left_out
         baseline, scale, kept, skipped, unsolved = session_advantages(
             sessions, self.tcfg.advantage, self.tcfg.unsolved_advantage, self.tcfg.unsolved_share
         )
@@ -239,7 +264,6 @@ class Trainer:
         else:
             batch.kept += sessions
         batch.unsolved += len(unsolved)
-        batch.sessions += sessions
 
     def _train(self, batch: _Batch, waited: float) -> None:
         t0 = time.time()
@@ -270,7 +294,7 @@ class Trainer:
                         keep_proximal=self.tcfg.epochs > 1,
                     )
         t_train = time.time() - t0
-        self._audit({"step": step, "trained": [s.session_id for s in train_on], "skipped": skipped})
+        self._audit({"step": step, "trained": [s.session_id for s in train_on], "skipped": skipped + batch.downsampled})
         self.state.step = step
         self.state.samples += len(samples)
         self.state.sessions_trained += len(train_on)
@@ -294,15 +318,19 @@ class Trainer:
             waited,
             t_train,
             push_s,
-            unsolved=batch.unsolved,
+            extra=self._counts(batch),
         )
         if warning:
             log.warning(warning)
 
-    def _checkpoint(self) -> None:
-        checkpoint.save(
-            self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
-        )
+    def _counts(self, batch: _Batch) -> dict[str, int]:
+        """The batch's counts of the options that are on."""
+        counts = {}
+        if self.tcfg.unsolved_advantage:
+            counts["unsolved_trained"] = batch.unsolved
+        if self.tcfg.train_per_group:
+            counts["downsampled"] = len(batch.downsampled)
+        return counts
 
     def _audit(self, entry: dict[str, Any]) -> None:
         """Append-only record of which sessions each step trained on (and of resumes)."""
@@ -316,7 +344,7 @@ class Trainer:
             group["lr"] = o.lr * factor
 
     def _log(
-        self, step, version, sessions, samples, result, dropped, skipped, waited, t_train, push_s, unsolved=0
+        self, step, version, sessions, samples, result, dropped, skipped, waited, t_train, push_s, extra=None
     ) -> None:  # noqa: ANN001
         rewards = [s.reward for s in sessions]
         staleness = [version - (s.min_version or 0) for s in sessions]
@@ -335,8 +363,7 @@ class Trainer:
             "push_s": push_s,
             "samples_per_s": len(samples) / max(t_train + push_s, 1e-6),
         }
-        if self.tcfg.unsolved_advantage:
-            values["unsolved_trained"] = unsolved
+        values.update(extra or {})
         if self.stall.stalled:
             values["stalled_steps"] = self.stall.empty
         if result is not None:

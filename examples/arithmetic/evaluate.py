@@ -2,10 +2,14 @@
 
 Asks each eval question exactly as the agent does (same chat rendering, same
 max_tokens) through the embedded engine, sampled at temperature 1 and greedily,
-and grades the reply with `math_exact`'s number extraction.
+and grades the reply with `math_exact`'s number extraction. With several sampled answers per
+problem it also reports pass@k (the chance that at least one of k answers is right, by the
+unbiased estimator of Chen et al. 2021, arXiv 2107.03374) and the accuracy per kind of problem:
+how much a policy could still find by sampling, and where it fails.
 
     python examples/arithmetic/evaluate.py                      # the base model
     python examples/arithmetic/evaluate.py --model runs/arithmetic/checkpoints/step_0000100
+    python examples/arithmetic/evaluate.py --samples 32         # pass@1..32 and per-kind accuracy
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import asyncio
 import json
 import sys
+from math import comb
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -28,14 +33,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent import MAX_TOKENS, messages_for, tasks  # noqa: E402
 
 
-async def evaluate(model: str, samples: int = 1, seed: int = 0) -> dict[str, float]:
+def detailed_kind(question: str) -> str:
+    """'What is 47 - 85?' -> 'subtraction, negative': additions with or without a carry into the
+    tens, subtractions without or with a borrow, or with a negative answer."""
+    a, op, b = question.removeprefix("What is ").removesuffix("?").split()
+    x, y = int(a), int(b)
+    if op == "+":
+        return "addition, carry" if x % 10 + y % 10 >= 10 else "addition, no carry"
+    if x < y:
+        return "subtraction, negative"
+    return "subtraction, borrow" if x % 10 < y % 10 else "subtraction, no borrow"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """P(at least one of k answers drawn without replacement from n, c of them right, is right)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+async def evaluate(model: str, samples: int = 1, seed: int = 0) -> dict:
     engine = LocalEngine(EngineConfig(model=model, max_batch_size=256))
     await engine.start()
     renderer = Renderer(engine.tokenizer, engine.info.eos_token_ids)
     problems = tasks("eval")
     prompts = [renderer.prompt(messages_for(t), None, None).ids for t in problems]
 
-    async def score(temperature: float, repeat: int) -> tuple[float, dict[str, float]]:
+    async def score(temperature: float, repeat: int) -> tuple[float, dict[str, float], list[int]]:
         jobs = []
         for r in range(repeat):
             for i, ids in enumerate(prompts):
@@ -43,17 +67,29 @@ async def evaluate(model: str, samples: int = 1, seed: int = 0) -> dict[str, flo
                 jobs.append(generate(engine, ids, params, request_id=f"{temperature}-{r}-{i}"))
         results = await asyncio.gather(*jobs)
         correct = {"+": 0, "-": 0}
+        per_problem = [0] * len(problems)
         for k, res in enumerate(results):
             task = problems[k % len(problems)]
             text = engine.tokenizer.decode(res.output_ids, skip_special_tokens=True)
             if numbers_equal(extract_answer_number(text), task["reference"]):
                 correct["+" if "+" in task["question"] else "-"] += 1
+                per_problem[k % len(problems)] += 1
         total = sum(correct.values()) / len(results)
-        return total, {op: n / repeat for op, n in correct.items()}
+        return total, {op: n / repeat for op, n in correct.items()}, per_problem
 
-    sampled, sampled_ops = await score(1.0, samples)
-    greedy, greedy_ops = await score(0.0, 1)
+    sampled, sampled_ops, per_problem = await score(1.0, samples)
+    greedy, greedy_ops, _ = await score(0.0, 1)
     await engine.stop()
+    extra: dict = {}
+    if samples > 1:
+        ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k < samples] + [samples]
+        extra["pass_at_k"] = {k: sum(pass_at_k(samples, c, k) for c in per_problem) / len(problems) for k in ks}
+        by_kind: dict[str, list[int]] = {}
+        for task, c in zip(problems, per_problem):
+            by_kind.setdefault(detailed_kind(task["question"]), []).append(c)
+        extra["sampled_by_kind"] = {
+            kind: f"{sum(cs) / samples:.1f} of {len(cs)}" for kind, cs in sorted(by_kind.items())
+        }
     return {
         "sampled": sampled,
         "greedy": greedy,
@@ -62,6 +98,7 @@ async def evaluate(model: str, samples: int = 1, seed: int = 0) -> dict[str, flo
         "greedy_add_correct": greedy_ops["+"],
         "greedy_sub_correct": greedy_ops["-"],
         "problems": len(problems),
+        **extra,
     }
 
 

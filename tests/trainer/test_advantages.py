@@ -10,6 +10,7 @@ from trainer.advantages import (
     LENGTH_NORMALISED,
     drgrpo,
     grpo,
+    max_variance_subset,
     reinforce_pp,
     rloo,
     token_advantages,
@@ -139,3 +140,23 @@ def test_token_level_matches_scalar_when_returns_equal_reward(name):
     adv = token_level(returns, REWARDS, GROUPS, ADVANTAGES[name], mask)
     expected = token_advantages(ADVANTAGES[name](REWARDS, GROUPS).values, mask)
     torch.testing.assert_close(adv.values, expected)
+
+
+def test_max_variance_subset_by_hand():
+    # A lone success of 8, keep 4: the success and the three earliest failures (variance 3/16, the
+    # most any 4 of these can have; without the success it would be 0).
+    assert max_variance_subset([0, 0, 0, 0, 1, 0, 0, 0], 4) == [0, 1, 2, 4]
+    # Three successes of 8, keep 4: two of each (variance 1/4), the earliest of each.
+    assert max_variance_subset([1, 0, 1, 0, 0, 1, 0, 0], 4) == [0, 1, 2, 3]
+    # Seven successes of 8: the failure and three successes.
+    assert max_variance_subset([1, 1, 1, 1, 1, 1, 0, 1], 4) == [0, 1, 2, 6]
+    # Graded rewards 0.0, 0.1, 0.2, 0.5, 0.9, 1.0, keep 3. Variances (population) of the candidates:
+    #   lowest 0 + highest 3: {0.5, 0.9, 1.0}  mean 0.8     var 0.0467
+    #   lowest 1 + highest 2: {0.0, 0.9, 1.0}  mean 0.6333  var 0.2022
+    #   lowest 2 + highest 1: {0.0, 0.1, 1.0}  mean 0.3667  var 0.2022 (a tie: the first is taken)
+    #   lowest 3 + highest 0: {0.0, 0.1, 0.2}  mean 0.1     var 0.0067
+    assert max_variance_subset([0.5, 0.0, 0.9, 0.2, 1.0, 0.1], 3) == [1, 2, 4]
+    # Keep 2 of 0.2, 0.0, 1.0, 0.3: one from each end, 0.0 and 1.0 (variance 1/4).
+    assert max_variance_subset([0.2, 0.0, 1.0, 0.3], 2) == [1, 2]
+    # At most m: all of them.
+    assert max_variance_subset([1, 0], 4) == [0, 1]

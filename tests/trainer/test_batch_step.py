@@ -12,7 +12,7 @@ from proxy.config import TrainerConfig
 from rewards.export import SessionSamples
 from tests.conftest import tiny_llama
 from trainer.batch import Sample, build_samples, pack
-from trainer.loop import session_advantages
+from trainer.loop import downsample_groups, session_advantages
 from trainer.step import group_logprobs, microbatches, padded_cost, shared_prefix_len, target_logprobs, train_step
 
 
@@ -261,3 +261,31 @@ def test_unsolved_groups_are_bounded_to_their_share_of_the_step():
     # Nothing with a success to learn from in the claim (the collapse case): nothing trained.
     only = [s("g0", "g", 0.0), s("h0", "h", 1.0), s("h1", "h", 1.0)]
     assert session_advantages(only, "grpo", -0.3, unsolved_share=0.25)[2] == []
+
+
+def test_downsampled_groups_keep_their_max_variance_sessions_and_advantages_come_from_them():
+    def s(sid: str, group: str, reward: float) -> SessionSamples:
+        return SessionSamples(sid, group, group, reward, 0, [], [])
+
+    sessions = [
+        *(s(f"a{i}", "a", float(i == 5)) for i in range(8)),  # a lone success at a5
+        *(s(f"b{i}", "b", 1.0) for i in range(8)),  # flat: left whole, then skipped
+        *(s(f"c{i}", "c", float(i % 2)) for i in range(3)),  # no more than m: left whole
+    ]
+    kept, left_out = downsample_groups(sessions, 4)
+    assert left_out == ["a3", "a4", "a6", "a7"]
+    assert [x.session_id for x in kept] == ["a0", "a1", "a2", "a5", *(f"b{i}" for i in range(8)), "c0", "c1", "c2"]
+    baseline, scale, trained, skipped, _ = session_advantages(kept, "grpo")
+    assert trained == ["a0", "a1", "a2", "a5", "c0", "c1", "c2"] and skipped == [f"b{i}" for i in range(8)]
+    # GRPO over the four kept: mean 1/4, std (n - 1) sqrt(3/16 * 4/3) = 1/2, so the success gets
+    # (1 - 1/4) / 1/2 = 1.5 and each failure -0.5 (in the whole group of 8: 2.47 and -0.35).
+    assert (1.0 - baseline["a5"]) / scale["a5"] == pytest.approx(1.5, rel=1e-5)
+    assert (0.0 - baseline["a0"]) / scale["a0"] == pytest.approx(-0.5, rel=1e-5)
+
+
+def test_train_per_group_of_one_is_refused():
+    from proxy.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"trainer.train_per_group 1 leaves every group one reward"):
+        load_config(None, ["trainer.train_per_group=1"])
+    assert load_config(None, ["trainer.train_per_group=4"]).trainer.train_per_group == 4

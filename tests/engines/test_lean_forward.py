@@ -176,6 +176,20 @@ def test_packed_bfloat16_is_as_close_to_float32_as_transformers_bfloat16():
     assert (mine - want).abs().mean() < 1.5 * (theirs - want).abs().mean() + 1e-3
 
 
+@pytest.mark.skipif(not can_pack(torch.float32, torch.device("cpu")), reason="float32 packing is for x86 CPUs")
+@torch.inference_mode()
+def test_packed_float32_gives_transformers_logprobs():
+    path = resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy")
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=register()).eval()
+    lean = FastForward(model)
+    assert lean.head.packed is not None and lean.head.weight is None, "packed, and kept only packed"
+    ids = torch.randint(100, 20_000, (3, 20), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(20)[None].expand(3, -1)
+    ours = torch.stack([lean([Segment(ids=ids, positions=positions, last=torch.full((3,), t))]) for t in range(20)], 1)
+    theirs = model(input_ids=ids).logits
+    torch.testing.assert_close(torch.log_softmax(ours, -1), torch.log_softmax(theirs, -1), atol=2e-4, rtol=1e-4)
+
+
 def test_the_engine_answers_the_same_with_and_without_the_lean_path():
     """Greedy answers of requests arriving while others decode: the fused steps change no token."""
 

@@ -62,7 +62,8 @@ class EngineConfig(Section):
     """Torch CPU threads for the embedded engine (0 keeps torch's default)."""
     fast_path: Literal["auto", "off"] = "auto"
     """auto: on CPU, Llama/Mistral/Qwen2 models run the engine's lean forward (each step's decode and
-    prefills in one pass over the weights, packed for oneDNN in bfloat16); off: transformers' forward."""
+    prefills in one pass over the weights, packed for oneDNN: bfloat16 where the CPU computes it natively,
+    float32 on x86); off: transformers' forward."""
     prefix_cache_tokens: int = Field(default=8192, ge=0)
     """Prompt tokens whose keys/values the embedded engine keeps to reuse for later prompts that
     begin the same way (a shared system prompt, an agent's earlier turns); 0: off."""

@@ -79,6 +79,24 @@ def keep_freed_memory() -> bool:
     return all(mallopt(param, value) == 1 for param, value in _MALLOPT)
 
 
+def release_freed_memory() -> bool:
+    """Hand the memory malloc keeps free back to the kernel (glibc's `malloc_trim`); False off glibc.
+
+    Freed blocks stay in malloc's heaps, split among live ones, whatever its thresholds: after a
+    burst of 40 prompts of up to 400 tokens the embedded engine sat at 4.9 GB resident with
+    nothing running, 1.9 GB after a trim (SmolLM2-135M, float32, lean forward). The engine calls
+    this when it goes idle, so a server between bursts holds its working set, not its peak.
+    """
+    try:
+        import ctypes
+
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim(0)
+    return True
+
+
 def model_load_options(device: torch.device) -> dict[str, str]:
     """Prepare the process for a model on `device` and return the `from_pretrained` options for it.
 

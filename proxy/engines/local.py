@@ -40,6 +40,7 @@ from proxy.engines.devices import (
     check_fits,
     load_weights_file,
     model_load_options,
+    release_freed_memory,
     select_device,
     warn_if_emulated_bf16,
 )
@@ -233,6 +234,7 @@ class LocalEngine:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **options).to(self._device).eval()
         if self.cfg.fast_path == "auto" and self._device.type == "cpu" and FastForward.supports(self.model):
             self._fast = FastForward(self.model)
+        release_freed_memory()  # what loading, converting and packing freed
         log.info(
             "loaded %s on %s (%s%s) in %.1fs",
             path,
@@ -261,15 +263,23 @@ class LocalEngine:
         loop.call_soon_threadsafe(_resolve, ready, None)
         try:
             with torch.inference_mode():
+                worked = False
                 while True:
                     with self._wake:
-                        while not (self._stopping or self._updates or self._has_work()):
+                        idle = worked and not self._called() and not self._wake.wait(_IDLE_RELEASE_S)
+                        idle = idle and not self._called()
+                    if idle:  # idle a while after a burst: hold the working set, not the peak
+                        release_freed_memory()
+                        worked = False
+                    with self._wake:
+                        while not self._called():
                             self._wake.wait()
                         if self._stopping:
                             break
                     self._apply_updates()
                     if self._paused:
                         continue
+                    worked = True
                     if self._fast is not None:
                         self._fused_step()
                     else:
@@ -281,6 +291,10 @@ class LocalEngine:
             self._error = exc
         finally:
             self._fail_all(EngineUnavailable(f"local engine stopped: {self._error!r}"))
+
+    def _called(self) -> bool:
+        """Something for the engine thread to do (call with `_wake` held)."""
+        return self._stopping or bool(self._updates) or self._has_work()
 
     def _has_work(self) -> bool:
         return not self._paused and bool(self._waiting or self._running)
@@ -556,6 +570,9 @@ class LocalEngine:
 
 
 _PREFILL_TOKENS = 4096  # padded tokens per prefill forward
+# Seconds without work after which the engine hands freed memory back to the kernel. A trim of a
+# few GB takes 0.2-0.3 s, so it waits out the short gaps of an agent's turns or a training loop.
+_IDLE_RELEASE_S = 2.0
 
 
 def _prefill_chunks(prompts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:

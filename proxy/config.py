@@ -67,6 +67,10 @@ class EngineConfig(Section):
     prefix_cache_tokens: int = Field(default=8192, ge=0)
     """Prompt tokens whose keys/values the embedded engine keeps to reuse for later prompts that
     begin the same way (a shared system prompt, an agent's earlier turns); 0: off."""
+    idle_release_s: float = Field(default=10.0, ge=0)
+    """Seconds the embedded engine waits with nothing to do before handing the memory it freed back
+    to the kernel (0: never). While busy it keeps freed memory for the next step; a long-running
+    server between bursts then holds its working set, not the peak of its largest burst."""
     cache_dir: str = "~/.cache/areal-proxy"
     """Where converted model copies are cached."""
     urls: list[str] = Field(default_factory=list)

@@ -263,14 +263,14 @@ class LocalEngine:
         loop.call_soon_threadsafe(_resolve, ready, None)
         try:
             with torch.inference_mode():
-                worked = False
+                worked, release_after = False, self.cfg.idle_release_s
                 while True:
-                    with self._wake:
-                        idle = worked and not self._called() and not self._wake.wait(_IDLE_RELEASE_S)
-                        idle = idle and not self._called()
-                    if idle:  # idle a while after a burst: hold the working set, not the peak
-                        release_freed_memory()
-                        worked = False
+                    if worked and release_after > 0:
+                        with self._wake:
+                            idle = self._stays_idle(release_after)
+                        if idle:  # a while with nothing to do after a burst: keep the working set, not the peak
+                            release_freed_memory()
+                            worked = False
                     with self._wake:
                         while not self._called():
                             self._wake.wait()
@@ -291,6 +291,16 @@ class LocalEngine:
             self._error = exc
         finally:
             self._fail_all(EngineUnavailable(f"local engine stopped: {self._error!r}"))
+
+    def _stays_idle(self, seconds: float) -> bool:
+        """Whether nothing arrives for the engine thread in `seconds` (call with `_wake` held)."""
+        deadline = time.monotonic() + seconds
+        while not self._called():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            self._wake.wait(left)
+        return False
 
     def _called(self) -> bool:
         """Something for the engine thread to do (call with `_wake` held)."""
@@ -570,9 +580,6 @@ class LocalEngine:
 
 
 _PREFILL_TOKENS = 4096  # padded tokens per prefill forward
-# Seconds without work after which the engine hands freed memory back to the kernel. A trim of a
-# few GB takes 0.2-0.3 s, so it waits out the short gaps of an agent's turns or a training loop.
-_IDLE_RELEASE_S = 2.0
 
 
 def _prefill_chunks(prompts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:

@@ -1,7 +1,7 @@
 """A served engine gives the memory of a burst back once it has been idle a while.
 
 The engine keeps freed memory for reuse while it works (`keep_freed_memory`), so a burst of
-long prompts leaves the process at its peak resident size. Idle for `_IDLE_RELEASE_S`, the
+long prompts leaves the process at its peak resident size. Idle for `engine.idle_release_s`, the
 engine trims malloc's heaps: between bursts a long-running server holds its working set (the
 model, packed weights, the prefix cache), not its peak. Without the trim this process stayed
 within a few percent of its peak (4.9 GB against 1.9 GB after a trim).
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 
-from proxy.engines.local import _IDLE_RELEASE_S
 from tests.conftest import run_server
 
 
@@ -30,8 +29,12 @@ def resident_kb(pid: int) -> dict[str, int]:
     return fields
 
 
+IDLE_RELEASE_S = 1.0
+
+
 def test_an_idle_engine_hands_back_the_memory_of_a_burst(tmp_path):
-    with run_server(tmp_path, f"sqlite:///{tmp_path}/areal.db", "--set", "engine.threads=1") as server:
+    args = ["--set", "engine.threads=1", "--set", f"engine.idle_release_s={IDLE_RELEASE_S}"]
+    with run_server(tmp_path, f"sqlite:///{tmp_path}/areal.db", *args) as server:
         pid = server.process.pid
         loaded = resident_kb(pid)["VmRSS"]
         rng = random.Random(0)
@@ -54,7 +57,7 @@ def test_an_idle_engine_hands_back_the_memory_of_a_burst(tmp_path):
         peak = busy["VmHWM"]
         assert peak - loaded > 1_000_000, f"the burst did not grow the process (loaded {loaded} kB, peak {peak} kB)"
 
-        time.sleep(_IDLE_RELEASE_S + 3)
+        time.sleep(IDLE_RELEASE_S + 3)
         idle = resident_kb(pid)["VmRSS"]
         assert idle < loaded + (peak - loaded) / 2, (
             f"idle at {idle} kB after a peak of {peak} kB "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -69,14 +70,8 @@ def keep_freed_memory() -> bool:
     at its top). The cost is a resident size that stays at its peak. Returns whether it applied
     (False off glibc).
     """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return all(mallopt(param, value) == 1 for param, value in _MALLOPT)
+    mallopt = _glibc("mallopt")
+    return mallopt is not None and all(mallopt(param, value) == 1 for param, value in _MALLOPT)
 
 
 def release_freed_memory() -> bool:
@@ -87,14 +82,21 @@ def release_freed_memory() -> bool:
     nothing running, 1.9 GB after a trim (SmolLM2-135M, float32, lean forward). The engine calls
     this when it goes idle, so a server between bursts holds its working set, not its peak.
     """
-    try:
-        import ctypes
-
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+    trim = _glibc("malloc_trim")
+    if trim is None:
         return False
     trim(0)
     return True
+
+
+def _glibc(name: str) -> Any:
+    """glibc's function `name` through ctypes, or None off glibc."""
+    try:
+        import ctypes
+
+        return getattr(ctypes.CDLL("libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
 
 
 def model_load_options(device: torch.device) -> dict[str, str]:

@@ -13,21 +13,47 @@ the same positive value (`solved`), and draws the next kind with probability pro
 
 so each kind contributes about equally to what is trained, a kind the policy has solved fades
 out instead of soaking up rollouts, and the floor bounds what a kind that never yields a signal
-can take. The shares are smoothed while few groups are known (informative starts at 1/2).
+can take (goal "even").
+
+With goal "signal" the rollouts go where the signal is instead: a kind is drawn with probability
+proportional to
+
+    size · max(informative, floor)
+
+(size: how many tasks the kind has), so while every kind is about as informative the tasks are
+drawn as evenly as without balancing, and a kind whose groups all score alike (solved, or out of
+the policy's reach) falls to the floor's share. It spends the episodes that the screen or the
+trainer would have thrown away on kinds whose groups get trained; the floor keeps every kind
+tried, so a kind that starts to yield a signal is seen again.
+
+The shares are smoothed while few groups are known (informative starts at 1/2).
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Mapping
 
 
 class KindBalancer:
-    def __init__(self, kinds: list[str], seed: int = 0, window: int = 64, floor: float = 0.2) -> None:
+    def __init__(
+        self,
+        kinds: list[str],
+        seed: int = 0,
+        window: int = 64,
+        floor: float = 0.2,
+        goal: str = "even",
+        sizes: Mapping[str, int] | None = None,
+    ) -> None:
         if not kinds:
             raise ValueError("no kinds to balance")
+        if goal not in ("even", "signal"):
+            raise ValueError(f"balance goal {goal!r}: use 'even' or 'signal'")
         self.kinds = list(dict.fromkeys(kinds))
         self.floor = floor
+        self.goal = goal
+        self.sizes = {k: (sizes or {}).get(k, 1) for k in self.kinds}
         self._recent: dict[str, deque[tuple[bool, bool]]] = {k: deque(maxlen=window) for k in self.kinds}
         self._rng = random.Random(seed)
 
@@ -43,7 +69,10 @@ class KindBalancer:
 
     def weights(self) -> dict[str, float]:
         """Probability of each kind being drawn next."""
-        raw = {k: (1.0 - self.solved(k)) / max(self.informative(k), self.floor) for k in self.kinds}
+        if self.goal == "signal":
+            raw = {k: self.sizes[k] * max(self.informative(k), self.floor) for k in self.kinds}
+        else:
+            raw = {k: (1.0 - self.solved(k)) / max(self.informative(k), self.floor) for k in self.kinds}
         total = sum(raw.values())
         return {k: w / total for k, w in raw.items()}
 

@@ -24,8 +24,9 @@ which GRPO skips; its other sessions are ended unrun, as failed with the reason
 "screened out", and the generation they would have cost goes to other prompts.
 
 With `balance_by` naming a task field, the next task's kind (that field's value) is drawn so
-that every kind yields about as many groups with reward variance (`adapters/balance.py`); each
-kind's tasks run in their own shuffled order.
+that every kind yields about as many groups with reward variance, or (`balance_goal = "signal"`)
+so that rollouts go to the kinds whose groups have it (`adapters/balance.py`); each kind's tasks
+run in their own shuffled order.
 """
 
 from __future__ import annotations
@@ -151,7 +152,13 @@ class EpisodeRunner:
             random.Random(self.cfg.seed * 1000 + k).shuffle(order)
         self.stats.tasks_by_kind = {kind: int(positions.get(kind, 0)) for kind in self._kind_order}
         started = sum(self.stats.tasks_by_kind.values())
-        self.balancer = KindBalancer(sorted(self._kind_order), seed=self.cfg.seed + started)
+        self.balancer = KindBalancer(
+            sorted(self._kind_order),
+            seed=self.cfg.seed + started,
+            floor=self.cfg.balance_floor,
+            goal=self.cfg.balance_goal,
+            sizes={kind: len(order) for kind, order in self._kind_order.items()},
+        )
 
     def _next_task(self, order: list[int]) -> tuple[dict[str, Any], str, str | None]:
         """The next new task, its group id (unique per pass over the data) and its kind."""

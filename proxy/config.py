@@ -238,6 +238,14 @@ class RolloutConfig(Section):
     balance_by: str = ""
     """A task field (e.g. "kind"): draw the next task's value of it so that every value yields about as
     many groups with reward variance, each value's tasks in their own order (empty: dataset order)."""
+    balance_goal: Literal["even", "signal"] = "even"
+    """With balance_by: "even" draws the kinds so each yields about as many groups with reward variance
+    (a kind that rarely does is drawn more, up to the floor); "signal" draws each kind in proportion to
+    its size times its share of groups with reward variance, so rollouts go to the kinds that are
+    trained and a solved or hopeless kind falls to the floor (adapters/balance.py)."""
+    balance_floor: float = Field(default=0.2, gt=0, le=1)
+    """The least share of groups with reward variance a kind is credited with when drawing: bounds
+    what a hopeless kind takes ("even") or keeps it tried ("signal")."""
     max_tasks: int = 0
     """Stop after this many tasks (0: the whole dataset, cycling until the trainer stops)."""
     seed: int = 0
@@ -335,6 +343,11 @@ class Config(Section):
                     f"a group of {size} starts together: rollout.concurrency "
                     f"({self.rollout.concurrency}) must be at least that"
                 )
+        if self.rollout.balance_goal != "even" and not self.rollout.balance_by:
+            raise ValueError(
+                f"rollout.balance_goal = {self.rollout.balance_goal!r} needs rollout.balance_by, the task "
+                'field to draw by (e.g. "kind")'
+            )
         if self.engine.backend != "local" and not self.engine.urls:
             raise ValueError(f"engine.backend = {self.engine.backend!r} needs engine.urls = [...]")
         return self

@@ -2,7 +2,9 @@
 
 `tasks(split, seed)` generates the problems on the fly (no data file): every
 a ∘ b with a, b in 10..99 and ∘ in {+, -}; a fixed, seeded set of 200 is held
-out as the eval split and never appears in train. `run(task, base_url, api_key)`
+out as the eval split and never appears in train. Each task carries its `kind`
+(addition, subtraction) and its `form` (with or without a carry or borrow, or a
+negative answer), fields `rollout.balance_by` can draw by. `run(task, base_url, api_key)`
 is the agent: one question, one answer, exactly as a user would write it.
 """
 
@@ -30,6 +32,18 @@ def _all_problems() -> list[tuple[int, str, int]]:
     return [(a, op, b) for a in range(10, 100) for b in range(10, 100) for op in ("+", "-")]
 
 
+def detailed_kind(question: str) -> str:
+    """'What is 47 - 85?' -> 'subtraction, negative': additions with or without a carry into the
+    tens, subtractions without or with a borrow, or with a negative answer."""
+    a, op, b = question.removeprefix("What is ").removesuffix("?").split()
+    x, y = int(a), int(b)
+    if op == "+":
+        return "addition, carry" if x % 10 + y % 10 >= 10 else "addition, no carry"
+    if x < y:
+        return "subtraction, negative"
+    return "subtraction, borrow" if x % 10 < y % 10 else "subtraction, no borrow"
+
+
 def tasks(split: str = "train", seed: int = 0) -> list[dict]:
     problems = _all_problems()
     rng = random.Random(1234)  # the eval split is the same whatever the training seed
@@ -40,7 +54,16 @@ def tasks(split: str = "train", seed: int = 0) -> list[dict]:
         a, op, b = problems[i]
         answer = a + b if op == "+" else a - b
         kind = "addition" if op == "+" else "subtraction"
-        out.append({"id": f"{a}{op}{b}", "question": f"What is {a} {op} {b}?", "reference": str(answer), "kind": kind})
+        question = f"What is {a} {op} {b}?"
+        out.append(
+            {
+                "id": f"{a}{op}{b}",
+                "question": question,
+                "reference": str(answer),
+                "kind": kind,
+                "form": detailed_kind(question),
+            }
+        )
     if split != "eval":
         random.Random(seed).shuffle(out)
     return out

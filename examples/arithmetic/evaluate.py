@@ -30,19 +30,7 @@ from proxy.render import Renderer  # noqa: E402
 from rewards.extract import extract_answer_number, numbers_equal  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agent import MAX_TOKENS, messages_for, tasks  # noqa: E402
-
-
-def detailed_kind(question: str) -> str:
-    """'What is 47 - 85?' -> 'subtraction, negative': additions with or without a carry into the
-    tens, subtractions without or with a borrow, or with a negative answer."""
-    a, op, b = question.removeprefix("What is ").removesuffix("?").split()
-    x, y = int(a), int(b)
-    if op == "+":
-        return "addition, carry" if x % 10 + y % 10 >= 10 else "addition, no carry"
-    if x < y:
-        return "subtraction, negative"
-    return "subtraction, borrow" if x % 10 < y % 10 else "subtraction, no borrow"
+from agent import MAX_TOKENS, detailed_kind, messages_for, tasks  # noqa: E402
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -74,3 +74,48 @@ def test_every_task_needs_the_field_balanced_by(tmp_path: Path):
     cfg = RolloutConfig(reward_fn="test_by_reference", group_size=2, concurrency=2, max_tasks=2, balance_by="level")
     with pytest.raises(ValueError, match=r"rollout.balance_by = 'level', but 12 tasks have no 'level' field"):
         run_tasks(tmp_path, cfg, TASKS)
+
+
+def test_signal_goal_weights_by_size_and_informative_share_by_hand():
+    b = KindBalancer(["a", "b", "c"], window=4, floor=0.1, goal="signal", sizes={"a": 30, "b": 50, "c": 20})
+    for rewards in ({0.0, 1.0}, {0.0, 1.0}, {0.0, 1.0}, {1.0}):
+        b.record("a", rewards)
+    for _ in range(4):
+        b.record("b", {0.0})
+    # a: informative (3 + 1) / (4 + 2) = 2/3       -> 30 · 2/3 = 20
+    # b: informative 1/6, above the floor 0.1      -> 50 · 1/6 = 25/3
+    # c: nothing yet: informative 1/2              -> 20 · 1/2 = 10
+    total = 20 + 25 / 3 + 10
+    assert b.weights() == pytest.approx({"a": 20 / total, "b": (25 / 3) / total, "c": 10 / total})
+    # a solved four times in a row: informative 1/6, as low as b's; b never informative again
+    for _ in range(4):
+        b.record("a", {1.0})
+    assert b.weights()["a"] == pytest.approx(5 / (5 + 25 / 3 + 10))
+    # with the floor above every share, the kinds are drawn by size alone: plain dataset order
+    even = KindBalancer(["a", "b"], floor=1.0, goal="signal", sizes={"a": 3, "b": 1})
+    even.record("a", {0.0})
+    assert even.weights() == pytest.approx({"a": 0.75, "b": 0.25})
+
+
+def test_the_runner_sends_rollouts_where_groups_get_trained(tmp_path: Path):
+    cfg = RolloutConfig(
+        reward_fn="test_by_reference",
+        group_size=2,
+        concurrency=2,
+        max_tasks=30,
+        balance_by="kind",
+        balance_goal="signal",
+        balance_floor=0.1,
+    )
+    stats, listed = run_tasks(tmp_path, cfg, TASKS)
+    kinds = Counter(s["group_id"][0] for s in listed)
+    assert sum(kinds.values()) == 60 and stats.tasks_started == 30
+    # easy (always solved) and hard (never) groups are never informative; mixed ones always are
+    assert kinds["m"] > kinds["e"] + kinds["h"], kinds
+
+
+def test_a_balance_goal_needs_a_field_to_balance_by():
+    from proxy.config import Config
+
+    with pytest.raises(ValueError, match="rollout.balance_goal = 'signal' needs rollout.balance_by"):
+        Config(rollout={"balance_goal": "signal"})

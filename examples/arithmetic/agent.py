@@ -32,16 +32,19 @@ def _all_problems() -> list[tuple[int, str, int]]:
     return [(a, op, b) for a in range(10, 100) for b in range(10, 100) for op in ("+", "-")]
 
 
-def detailed_kind(question: str) -> str:
-    """'What is 47 - 85?' -> 'subtraction, negative': additions with or without a carry into the
-    tens, subtractions without or with a borrow, or with a negative answer."""
-    a, op, b = question.removeprefix("What is ").removesuffix("?").split()
-    x, y = int(a), int(b)
+def _form(x: int, op: str, y: int) -> str:
     if op == "+":
         return "addition, carry" if x % 10 + y % 10 >= 10 else "addition, no carry"
     if x < y:
         return "subtraction, negative"
     return "subtraction, borrow" if x % 10 < y % 10 else "subtraction, no borrow"
+
+
+def detailed_kind(question: str) -> str:
+    """'What is 47 - 85?' -> 'subtraction, negative': additions with or without a carry into the
+    tens, subtractions without or with a borrow, or with a negative answer."""
+    a, op, b = question.removeprefix("What is ").removesuffix("?").split()
+    return _form(int(a), op, int(b))
 
 
 def tasks(split: str = "train", seed: int = 0) -> list[dict]:
@@ -54,14 +57,13 @@ def tasks(split: str = "train", seed: int = 0) -> list[dict]:
         a, op, b = problems[i]
         answer = a + b if op == "+" else a - b
         kind = "addition" if op == "+" else "subtraction"
-        question = f"What is {a} {op} {b}?"
         out.append(
             {
                 "id": f"{a}{op}{b}",
-                "question": question,
+                "question": f"What is {a} {op} {b}?",
                 "reference": str(answer),
                 "kind": kind,
-                "form": detailed_kind(question),
+                "form": _form(a, op, b),
             }
         )
     if split != "eval":

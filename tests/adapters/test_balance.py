@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from adapters.balance import KindBalancer
+from adapters.runner import EpisodeRunner
 from proxy.config import RolloutConfig
-from tests.adapters.test_runner_groups import run_tasks
+from tests.adapters.test_runner_groups import one_call, run_tasks
 
 
 def test_weights_follow_the_informative_and_solved_shares_by_hand():
@@ -107,6 +108,9 @@ def test_the_runner_sends_rollouts_where_groups_get_trained(tmp_path: Path):
         balance_goal="signal",
         balance_floor=0.1,
     )
+    # each kind is weighed by its number of tasks
+    uneven = EpisodeRunner(cfg, "http://127.0.0.1:9", TASKS[:6], agent=one_call)
+    assert uneven.balancer.sizes == {"easy": 4, "hard": 2}
     stats, listed = run_tasks(tmp_path, cfg, TASKS)
     kinds = Counter(s["group_id"][0] for s in listed)
     assert sum(kinds.values()) == 60 and stats.tasks_started == 30

@@ -39,6 +39,7 @@ def test_the_held_out_problems_by_kind():
     counts: dict[str, int] = {}
     for task in tasks("eval"):
         kind = detailed_kind(task["question"])
+        assert task["form"] == kind  # the field rollout.balance_by can draw by
         counts[kind] = counts.get(kind, 0) + 1
     assert counts == {
         "addition, no carry": 65,

@@ -121,6 +121,12 @@ class OptimConfig(Section):
     """Gradient norm clip (0 disables)."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate over the run: constant, or decayed linearly or along a half cosine from `lr` to
+    `min_lr_ratio` × `lr` at the end of the run's budget (trainer.max_steps or trainer.max_minutes,
+    whichever is reached first), on top of the warm-up."""
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    """The decayed schedules' last learning rate as a fraction of `lr`."""
 
 
 class TrainerConfig(Section):
@@ -138,6 +144,8 @@ class TrainerConfig(Section):
     """Sessions sampled more than this many versions ago are dropped; 0 is on-policy."""
     max_steps: int = 0
     """Stop after this many steps (0 runs until the dataset is exhausted)."""
+    max_minutes: float = Field(default=0.0, ge=0)
+    """Stop after this many minutes of training, counted across resumes (0: no time limit)."""
     advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp"] = "grpo"
     """Advantage estimator."""
     skip_zero_variance: bool = True
@@ -325,6 +333,11 @@ class Config(Section):
         if self.trainer.batch_size % self.rollout.group_size:
             raise ValueError(
                 f"rollout.group_size {self.rollout.group_size} must divide trainer.batch_size {self.trainer.batch_size}"
+            )
+        if self.trainer.optim.schedule != "constant" and not (self.trainer.max_steps or self.trainer.max_minutes):
+            raise ValueError(
+                f"trainer.optim.schedule {self.trainer.optim.schedule!r} decays the learning rate over the run's "
+                "budget: set trainer.max_steps or trainer.max_minutes"
             )
         if self.trainer.train_per_group == 1:
             raise ValueError(

@@ -26,6 +26,7 @@ class TrainerState:
     version: int = 0
     samples: int = 0
     sessions_trained: int = 0
+    elapsed_s: float = 0.0  # the training loop's wall time, across resumes (trainer.max_minutes)
 
 
 def _rng_state() -> dict[str, Any]:

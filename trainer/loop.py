@@ -32,6 +32,7 @@ from trainer.advantages import ADVANTAGES, max_variance_subset
 from trainer.batch import build_samples, pack
 from trainer.claim import claim_batch, mark_skipped, release_after
 from trainer.metrics import MetricsSink, StallWatch
+from trainer.schedule import lr_factor, progress
 from trainer.step import recompute_proximal, train_step
 from trainer.weights import WeightSync, default_weights_dir
 
@@ -144,6 +145,8 @@ class Trainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.pad_id = 0
         self.tokenizer: Any = None
+        self.lr = self.tcfg.optim.lr  # the last step's learning rate
+        self._clock = time.time()  # when the loop started, less the time of the runs it resumes
 
     # -- setup ----------------------------------------------------------------------
     def setup(self) -> None:
@@ -192,6 +195,7 @@ class Trainer:
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         self.setup()
+        self._clock = time.time() - self.state.elapsed_s
         idle_since = time.time()
         batch = _Batch()
         try:
@@ -226,6 +230,7 @@ class Trainer:
                 # Claimed for a step that never ran: hand them back for the next run.
                 self.db.transaction(lambda c: release_after(c, self.state.step))
             if self.state.step > 0 and self.optimizer is not None:
+                self.state.elapsed_s = self._elapsed()
                 checkpoint.save(
                     self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
                 )
@@ -235,7 +240,13 @@ class Trainer:
         return 0
 
     def _done(self) -> bool:
+        if self.tcfg.max_minutes > 0 and self._elapsed() >= 60.0 * self.tcfg.max_minutes:
+            return True
         return self.tcfg.max_steps > 0 and self.state.step >= self.tcfg.max_steps
+
+    def _elapsed(self) -> float:
+        """Seconds the training loop has run, this run and those it resumes."""
+        return time.time() - self._clock
 
     def _stop(self, *_: Any) -> None:
         self.stopping = True
@@ -303,6 +314,7 @@ class Trainer:
             push_s = self.sync.push(self.model, self.state.version + 1)
             self.state.version += 1
         if step % self.tcfg.checkpoint_every == 0:
+            self.state.elapsed_s = self._elapsed()
             checkpoint.save(
                 self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
             )
@@ -338,10 +350,10 @@ class Trainer:
             f.write(json.dumps(entry) + "\n")
 
     def _set_lr(self, step: int) -> None:
-        o = self.tcfg.optim
-        factor = min(1.0, step / o.warmup_steps) if o.warmup_steps else 1.0
+        spent = progress(step - 1, self._elapsed(), self.tcfg.max_steps, self.tcfg.max_minutes)
+        self.lr = self.tcfg.optim.lr * lr_factor(self.tcfg.optim, step, spent)
         for group in self.optimizer.param_groups:
-            group["lr"] = o.lr * factor
+            group["lr"] = self.lr
 
     def _log(
         self, step, version, sessions, samples, result, dropped, skipped, waited, t_train, push_s, extra=None
@@ -362,6 +374,7 @@ class Trainer:
             "train_s": t_train,
             "push_s": push_s,
             "samples_per_s": len(samples) / max(t_train + push_s, 1e-6),
+            "lr": self.lr,
         }
         values.update(extra or {})
         if self.stall.stalled:

@@ -113,6 +113,8 @@ def progress_rows(run_dir: Path, max_steps: int) -> list[tuple[str, str]]:
             ("samples/s (train)", f"{last['samples_per_s']:.1f}"),
             ("loss / grad norm", f"{last.get('loss', 0):.4f} / {last.get('grad_norm', 0):.3f}"),
         ]
+        if "lr" in last:
+            rows.append(("learning rate", f"{last['lr']:.3g}"))
     if last.get("stalled_steps"):
         n = last["stalled_steps"]
         rows.append(("warning", f"nothing trained in {n} steps: every group scored alike (see trainer.log)"))

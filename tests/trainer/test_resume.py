@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, select
 
 from proxy.store.schema import sessions
@@ -75,14 +76,46 @@ def effective_history(run_dir: Path) -> list[str]:
 
 def test_smoke_run_exits_zero(tmp_path):
     config = write_config(tmp_path)
-    proc = train(config, "trainer.max_steps=2")
+    # A linear decay over the 2-step budget to half the rate: step 1 at 2e-5, step 2 at
+    # 2e-5 × (0.5 + 0.5 × (1 - 1/2)) = 1.5e-5.
+    proc = train(
+        config,
+        "trainer.max_steps=2",
+        "trainer.optim.lr=2e-5",
+        "trainer.optim.schedule=linear",
+        "trainer.optim.min_lr_ratio=0.5",
+    )
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
     assert steps_done(tmp_path / "run") == 2
     assert (tmp_path / "run" / "checkpoints").is_dir()
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "run") if "lr" in r]
+    assert lrs == pytest.approx([2e-5, 1.5e-5])
+    state = json.loads((tmp_path / "run" / "checkpoints" / "step_0000002" / "trainer_state.json").read_text())
+    assert state["elapsed_s"] > 0
     shm = default_weights_dir(tmp_path / "run", local_engine=True)
     if shm != tmp_path / "run" / "weights":  # a local engine gets its weights through /dev/shm
         assert not shm.exists(), "the pushed weights held in shared memory are freed when the trainer exits"
+
+
+def test_max_minutes_ends_the_run_on_time_and_counts_across_resumes(tmp_path):
+    """trainer.max_minutes stops a run by the clock (exit 0, checkpoint kept); the same command again
+    finds the budget spent and ends at once, without training a step more."""
+    config = write_config(tmp_path)
+    run_dir = tmp_path / "run"
+    proc = train(config, "trainer.max_minutes=0.75")
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    steps = steps_done(run_dir)
+    assert steps >= 1, out[-3000:]
+    last = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
+    state = json.loads((last / "trainer_state.json").read_text())
+    assert state["step"] == steps
+    assert 45 <= state["elapsed_s"] < 45 + 300, "stopped once 45 s of training had passed, within a step"
+    again = train(config, "trainer.max_minutes=0.75")
+    out, _ = again.communicate(timeout=900)
+    assert again.returncode == 0, out[-3000:]
+    assert steps_done(run_dir) == steps
 
 
 def test_fill_batch_trains_full_batches_of_groups_with_reward_variance(tmp_path):

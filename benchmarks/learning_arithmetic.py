@@ -45,7 +45,7 @@ def snapshot(run_dir: Path, snaps: Path, minute: float) -> dict | None:
     return {"minute": minute, "path": str(target), "step": state["step"]}
 
 
-def plot(metrics: list[dict], evals: list[dict], out: Path) -> None:
+def plot(metrics: list[dict], evals: list[dict], out: Path, where: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,7 +77,7 @@ def plot(metrics: list[dict], evals: list[dict], out: Path) -> None:
         color="tab:green",
         label="held-out accuracy, greedy",
     )
-    ax.set_xlabel("minutes of training (2 CPU cores)")
+    ax.set_xlabel(f"minutes of training ({where})")
     ax.set_ylabel("accuracy / reward")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
@@ -96,6 +96,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "examples/arithmetic"))
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument(
+        "--device", choices=["cpu", "cuda", "npu"], default="cpu", help="engine and trainer device (evaluations too)"
+    )
+    parser.add_argument(
         "--final-samples",
         type=int,
         default=10,
@@ -109,7 +112,7 @@ def main() -> None:
     snaps = run_dir / "snapshots"
     snaps.mkdir(parents=True)
     print("evaluating the untrained model ...", flush=True)
-    evals = [{"minute": 0.0, "step": 0, **asyncio.run(evaluate(DEFAULT_MODEL))}]
+    evals = [{"minute": 0.0, "step": 0, **asyncio.run(evaluate(DEFAULT_MODEL, device=args.device))}]
     print(json.dumps(evals[-1]), flush=True)
 
     cmd = [
@@ -124,6 +127,8 @@ def main() -> None:
         f"store.url=sqlite:///{run_dir}/areal.db",
         "--set",
         "trainer.checkpoint_every=5",
+        "--device",
+        args.device,
     ]
     for o in args.overrides:
         cmd += ["--set", o]
@@ -148,10 +153,10 @@ def main() -> None:
         taken.append(final)
     for s in taken:
         print(f"evaluating {s['path']} ...", flush=True)
-        evals.append({"minute": s["minute"], "step": s["step"], **asyncio.run(evaluate(s["path"]))})
+        evals.append({"minute": s["minute"], "step": s["step"], **asyncio.run(evaluate(s["path"], device=args.device))})
         print(json.dumps(evals[-1]), flush=True)
     if taken and args.final_samples > 1:
-        repeated = asyncio.run(evaluate(taken[-1]["path"], samples=args.final_samples))
+        repeated = asyncio.run(evaluate(taken[-1]["path"], samples=args.final_samples, device=args.device))
         evals[-1][f"sampled_mean_of_{args.final_samples}"] = repeated["sampled"]
         evals[-1][f"add_correct_mean_of_{args.final_samples}"] = repeated["sampled_add_correct"]
         evals[-1][f"sub_correct_mean_of_{args.final_samples}"] = repeated["sampled_sub_correct"]
@@ -160,7 +165,8 @@ def main() -> None:
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plot(metrics, evals, out / "curve.png")
+    where = f"{os.cpu_count()} CPU cores" if args.device == "cpu" else args.device
+    plot(metrics, evals, out / "curve.png", where)
     rows = [
         "| minutes | step | held-out sampled (T=1) | held-out greedy | + correct (sampled) | - correct (sampled) |",
         "|---|---|---|---|---|---|",

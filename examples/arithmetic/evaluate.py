@@ -40,8 +40,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-async def evaluate(model: str, samples: int = 1, seed: int = 0) -> dict:
-    engine = LocalEngine(EngineConfig(model=model, max_batch_size=256))
+async def evaluate(model: str, samples: int = 1, seed: int = 0, device: str = "cpu") -> dict:
+    engine = LocalEngine(EngineConfig(model=model, max_batch_size=256, device=device))
     await engine.start()
     renderer = Renderer(engine.tokenizer, engine.info.eos_token_ids)
     problems = tasks("eval")
@@ -94,8 +94,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="model id, path or checkpoint directory")
     parser.add_argument("--samples", type=int, default=1, help="sampled answers per problem")
+    parser.add_argument("--device", choices=["cpu", "cuda", "npu"], default="cpu")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(evaluate(args.model, args.samples)), indent=2))
+    print(json.dumps(asyncio.run(evaluate(args.model, args.samples, device=args.device)), indent=2))
 
 
 if __name__ == "__main__":

@@ -99,17 +99,23 @@ def _glibc(name: str) -> Any:
         return None
 
 
-def model_load_options(device: torch.device) -> dict[str, str]:
+def model_load_options(device: torch.device) -> dict[str, Any]:
     """Prepare the process for a model on `device` and return the `from_pretrained` options for it.
 
-    On CPU (engine and trainer alike): freed memory is kept (`keep_freed_memory`) and attention is
-    the grouped eager one, because CPU flash attention is slow at decode and training shapes
-    (`proxy/engines/attention.py`). Elsewhere nothing changes.
+    Everywhere: no Hub kernels. transformers 5 turns them on by default once the `kernels` package
+    is installed (transformers itself requires it), and on CUDA `model.train()` then swaps layers
+    for kernels fetched from the Hub: with `HF_HUB_OFFLINE=1` the trainer died at its first step
+    ("Version 2 of 'kernels-community/rotary' is not available in the local cache", seen on an
+    H200), and online the engine and the trainer would run different layer code than each other.
+    On CPU (engine and trainer alike) also: freed memory is kept (`keep_freed_memory`) and
+    attention is the grouped eager one, because CPU flash attention is slow at decode and training
+    shapes (`proxy/engines/attention.py`).
     """
-    if device.type != "cpu":
-        return {}
-    keep_freed_memory()
-    return {"attn_implementation": grouped_attention()}
+    options: dict[str, Any] = {"use_kernels": False}
+    if device.type == "cpu":
+        keep_freed_memory()
+        options["attn_implementation"] = grouped_attention()
+    return options
 
 
 def load_weights_file(path: str) -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from proxy.config import Config
 from proxy.engines.base import Engine, EngineUnavailable
@@ -198,6 +199,13 @@ def _install_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException):  # noqa: ANN202
         message = {404: "no such route", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
         return error_response(APIError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, _: ClientDisconnect):  # noqa: ANN202
+        # The caller hung up before its body arrived (an agent cancelled, a run stopped): nothing
+        # was started or stored, and nobody is left to read an answer. 499 as nginx logs it.
+        log.info("client disconnected before sending the whole body of %s %s", request.method, request.url.path)
+        return error_response(APIError(499, "the client closed the request", code="client_closed_request"))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):  # noqa: ANN202

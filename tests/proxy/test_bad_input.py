@@ -167,3 +167,28 @@ def test_finished_session_refuses_calls_and_conflicting_finish(proxy):
     late = httpx.post(url, json=chat(), timeout=120)
     assert late.status_code == 409
     assert counts(proxy.db_url) == before
+
+
+def test_client_hanging_up_mid_body_is_not_a_server_error(sqlite_proxy):
+    """A caller that disconnects before its body arrives (a cancelled agent, a stopped run) is
+    logged as such, not as an unhandled error with a traceback, and stores nothing."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    before = counts(sqlite_proxy.db_url)
+    start = len(sqlite_proxy.log.read_text())
+    host = urlsplit(sqlite_proxy.url)
+    with socket.create_connection((host.hostname, host.port), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n" + b'{"model": "m", "messages": ['
+        )
+        time.sleep(0.5)
+    deadline = time.time() + 30
+    while "disconnected before sending" not in (log := sqlite_proxy.log.read_text()[start:]):
+        assert time.time() < deadline, log
+        time.sleep(0.2)
+    assert "unhandled error" not in log and "Traceback" not in log, log
+    assert counts(sqlite_proxy.db_url) == before
+    assert sqlite_proxy.get("/health").status_code == 200

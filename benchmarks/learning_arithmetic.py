@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "arithmetic"))
 from evaluate import evaluate  # noqa: E402
 
+from proxy.config import DEVICES  # noqa: E402
+
 SKIP = ("trainer.pt", "trainer_state.json")  # optimizer state is not needed to evaluate
 
 
@@ -95,9 +97,7 @@ def main() -> None:
     parser.add_argument("--run-dir", default=str(REPO / "runs/learning_arithmetic"))
     parser.add_argument("--out", default=str(REPO / "examples/arithmetic"))
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument(
-        "--device", choices=["cpu", "cuda", "npu"], default="cpu", help="engine and trainer device (evaluations too)"
-    )
+    parser.add_argument("--device", choices=DEVICES, default="cpu", help="engine and trainer device (evaluations too)")
     parser.add_argument(
         "--final-samples",
         type=int,

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from proxy.config import Config, ConfigError, load_config
+from proxy.config import DEVICES, Config, ConfigError, load_config
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -34,7 +34,7 @@ def _serving(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="TCP port ([proxy] port)")
     p.add_argument("--db", help="store URL, sqlite:///path or postgresql+psycopg://... ([store] url)")
     p.add_argument("--model", help="Hugging Face id or local path ([engine] model)")
-    p.add_argument("--device", choices=["cpu", "cuda", "npu"], help="engine device ([engine] device)")
+    p.add_argument("--device", choices=DEVICES, help="engine device ([engine] device)")
     p.add_argument("--admin-key", help="require this key for control endpoints ([proxy] admin_key)")
     p.add_argument("--rewards", action="append", metavar="MODULE", help="reward module to load (repeatable)")
 
@@ -56,14 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--launcher", choices=["local", "ray"], default="local", help="where components run")
     train.add_argument("--address", help="Ray cluster address for --launcher ray (auto, ray://host:port)")
     train.add_argument("--db", help="store URL ([store] url)")
-    train.add_argument("--device", choices=["cpu", "cuda", "npu"], help="device for engine and trainer")
+    train.add_argument("--device", choices=DEVICES, help="device for engine and trainer")
 
     engine = sub.add_parser("engine", help="serve the embedded engine over SGLang's native protocol")
     _common(engine)
     engine.add_argument("--host", default=None, help="interface to bind (default 127.0.0.1)")
     engine.add_argument("--port", type=int, default=30000, help="TCP port (default 30000)")
     engine.add_argument("--model", help="Hugging Face id or local path ([engine] model)")
-    engine.add_argument("--device", choices=["cpu", "cuda", "npu"], help="device ([engine] device)")
+    engine.add_argument("--device", choices=DEVICES, help="device ([engine] device)")
 
     front = sub.add_parser("front", help="one base URL over several proxy replicas (sticky, health-checked)")
     _common(front)

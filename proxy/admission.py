@@ -1,10 +1,11 @@
 """Admission control: keep rollouts at most `max_staleness` versions ahead of the trainer.
 
-New sessions are refused (429 + Retry-After) once the sessions not yet consumed
-by the trainer — open plus finished — reach `(max_staleness + 1) × batch_size`.
-Episodes already running continue; the episode runner backs off and retries.
-With `max_staleness = 0` this is synchronous on-policy training: a new batch is
-admitted only after the trainer consumed the previous one.
+New sessions are refused (429 + Retry-After) once the sessions not yet in the
+engine's weights — open, finished, and claimed by a training step still running —
+reach `(max_staleness + 1) × batch_size`. Episodes already running continue; the
+episode runner backs off and retries. With `max_staleness = 0` this is synchronous
+on-policy training: a new batch is admitted only after the weights trained on the
+previous one reached the engine.
 
 The count and the inserts of the new sessions run in one transaction, and on
 PostgreSQL that transaction first takes an advisory lock, so the limit holds
@@ -27,7 +28,7 @@ def unconsumed_count(conn: Connection) -> int:
     query = (
         select(func.count())
         .select_from(sessions)
-        .where(sessions.c.status.in_(("open", "finished")), sessions.c.auto.is_(False))
+        .where(sessions.c.status.in_(("open", "finished", "training")), sessions.c.auto.is_(False))
     )
     return int(conn.execute(query).scalar() or 0)
 

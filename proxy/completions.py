@@ -25,6 +25,7 @@ from proxy.engines.base import Engine, EngineRequestError, EngineUnavailable, Ge
 from proxy.errors import APIError, conflict, context_length, engine_unavailable
 from proxy.render import ParentTokens, Prompt, Renderer
 from proxy.reply import Reply, ReplyBuilder
+from proxy.seeds import derive_seed
 from proxy.sessions import Caller, SessionInfo, SessionService, auto_session_row, new_session_id
 from proxy.store.db import Database
 from proxy.store.schema import completions, sessions
@@ -115,10 +116,11 @@ class CompletionService:
             parent=parent,
             prompt=prompt,
             hashes=hashes,
-            params=self._sampling(request, len(prompt.ids)),
+            params=self._sampling(request, prompt.ids, session.seed if session else None),
         )
 
-    def _sampling(self, request: ChatRequest, prompt_len: int) -> SamplingParams:
+    def _sampling(self, request: ChatRequest, prompt_ids: list[int], session_seed: int | None) -> SamplingParams:
+        prompt_len = len(prompt_ids)
         room = self.engine.info.max_context - prompt_len
         if room < 1:
             raise context_length(
@@ -135,7 +137,9 @@ class CompletionService:
             temperature=request.temperature,
             top_p=request.top_p,
             top_k=request.top_k,
-            seed=request.seed,
+            seed=request.seed
+            if request.seed is not None or session_seed is None
+            else derive_seed(session_seed, prompt_ids),
             stop=tuple(request.stop),
             top_logprobs=request.top_logprobs if request.logprobs else 0,
         )

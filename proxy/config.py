@@ -261,7 +261,8 @@ class RolloutConfig(Section):
     max_tasks: int = 0
     """Stop after this many tasks (0: the whole dataset, cycling until the trainer stops)."""
     seed: int = 0
-    """Dataset shuffling seed."""
+    """Dataset shuffling seed, and the seed every group's sampling seed is derived from (with its group
+    id), so a run's rollouts are reproducible."""
 
 
 class FrontConfig(Section):

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, select, update
 
 from proxy.errors import APIError, conflict, forbidden, invalid_request, not_found, unauthorized
+from proxy.seeds import MAX_SEED, derive_seed
 from proxy.store.db import Database
 from proxy.store.schema import sessions
 
@@ -41,6 +42,7 @@ class SessionInfo:
     key_hash: str | None
     reward_fn: str | None = None
     reference: str | None = None
+    seed: int | None = None  # sampling seed of its calls that set none (proxy/seeds.py)
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class SessionService:
             key_hash=row.key_hash,
             reward_fn=row.reward_fn,
             reference=row.reference,
+            seed=row.seed,
         )
         self._by_id[info.id] = info
         if info.key_hash:
@@ -167,17 +170,20 @@ class SessionService:
         metadata: dict[str, Any],
         reward_fn: str | None,
         reference: str | None,
+        seed: int | None = None,
         count: int = 1,
         guard: Callable[[Connection, int], APIError | None] | None = None,
     ) -> list[tuple[SessionInfo, str]]:
         """Create `count` sessions in one transaction; (info, key) for each.
+
+        With a `seed`, a single session gets that seed and session i of a group `derive_seed(seed, i)`.
 
         `guard(conn, count)` runs first in that transaction and may refuse by returning the error
         to raise: admission control counts and inserts atomically, whichever replica serves it.
         """
         now = time.time()
         made = []
-        for _ in range(count):
+        for i in range(count):
             key = "sk-sess-" + secrets.token_urlsafe(24)
             row = {
                 "id": new_session_id(),
@@ -189,6 +195,7 @@ class SessionService:
                 "auto": False,
                 "reward_fn": reward_fn,
                 "reference": reference,
+                "seed": None if seed is None else seed if count == 1 else derive_seed(seed, i),
                 "num_completions": 0,
                 "created_at": now,
                 "updated_at": now,
@@ -213,6 +220,7 @@ class SessionService:
                 key_hash=row["key_hash"],
                 reward_fn=reward_fn,
                 reference=reference,
+                seed=row["seed"],
             )
             self._by_id[info.id] = info
             self._by_key[info.key_hash or ""] = info.id
@@ -281,6 +289,10 @@ def check_fields(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(metadata, dict):
         raise invalid_request("metadata must be an object", "metadata")
     out["metadata"] = metadata
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+        raise invalid_request(f"seed must be an integer from 0 to {MAX_SEED}", "seed")
+    out["seed"] = seed
     return out
 
 

@@ -169,7 +169,7 @@ def load_samples(conn: Connection, session_ids: list[str]) -> list[SessionSample
 
 
 def iter_samples(db: Database, style: str, status: str) -> Iterator[dict[str, Any]]:
-    statuses = ("finished", "consumed") if status == "all" else (status,)
+    statuses = ("finished", "training", "consumed") if status == "all" else (status,)
     query = select(sessions.c.id).where(sessions.c.status.in_(statuses)).order_by(sessions.c.created_at, sessions.c.id)
     ids = db.read(lambda c: [r.id for r in c.execute(query)])
     for start in range(0, len(ids), 256):

@@ -2,7 +2,10 @@
 
 One transaction picks finished sessions whose group has nothing left open, drops
 (and counts) the ones sampled more than `max_staleness` versions before the
-trainer's current version, and marks the rest consumed by this step. On
+trainer's current version, and marks the rest `training` for this step; once the
+step's weights are pushed, `end_step` marks them consumed. Admission control counts
+`training` sessions as still ahead of the trainer, so with `max_staleness = 0` no new
+episode starts until the engine holds the weights trained on the last batch. On
 PostgreSQL the rows are locked with `FOR UPDATE SKIP LOCKED`, so two trainers
 (or a restarted one racing its predecessor) never take the same session; SQLite
 serializes writers. `consumed_step` records the step that trained a session
@@ -108,9 +111,22 @@ def claim_batch(
         conn.execute(
             update(sessions)
             .where(sessions.c.id.in_(claim.session_ids), sessions.c.status == "finished")
-            .values(status="consumed", consumed_step=step)
+            .values(status="training", consumed_step=step)
         )
     return claim
+
+
+def end_step(conn: Connection, step: int, skipped: list[tuple[list[str], str]] = ()) -> None:
+    """The sessions step `step` trained are in the engine's weights now: consumed; so are those it
+    skipped ((ids, reason) pairs), held until now so that admission control counted them as ahead
+    of the trainer while the step ran."""
+    for ids, reason in skipped:
+        mark_skipped(conn, ids, reason)
+    conn.execute(
+        update(sessions)
+        .where(sessions.c.status == "training", sessions.c.consumed_step == step)
+        .values(status="consumed")
+    )
 
 
 def mark_skipped(conn: Connection, session_ids: list[str], reason: str) -> None:
@@ -118,15 +134,15 @@ def mark_skipped(conn: Connection, session_ids: list[str], reason: str) -> None:
         conn.execute(
             update(sessions)
             .where(sessions.c.id.in_(session_ids))
-            .values(consumed_step=SKIPPED_ZERO_VARIANCE, failure=f"skipped: {reason}")
+            .values(status="consumed", consumed_step=SKIPPED_ZERO_VARIANCE, failure=f"skipped: {reason}")
         )
 
 
 def release_after(conn: Connection, step: int) -> int:
-    """Hand back sessions trained after checkpoint `step` (their updates were lost)."""
+    """Hand back sessions claimed or trained after checkpoint `step` (their updates were lost)."""
     result = conn.execute(
         update(sessions)
-        .where(sessions.c.status == "consumed", sessions.c.consumed_step > step)
+        .where(sessions.c.status.in_(("training", "consumed")), sessions.c.consumed_step > step)
         .values(status="finished", consumed_step=None)
     )
     return result.rowcount or 0
@@ -139,7 +155,7 @@ def trained_count(conn: Connection) -> dict[str, int]:
         .where(sessions.c.auto.is_(False))
         .group_by(sessions.c.status, sessions.c.consumed_step)
     ).all()
-    out = {"open": 0, "finished": 0, "trained": 0, "dropped_stale": 0, "skipped": 0, "failed": 0}
+    out = {"open": 0, "finished": 0, "training": 0, "trained": 0, "dropped_stale": 0, "skipped": 0, "failed": 0}
     for status, consumed_step, count in rows:
         if status == "consumed":
             key = {DROPPED_STALE: "dropped_stale", SKIPPED_ZERO_VARIANCE: "skipped"}.get(consumed_step, "trained")

@@ -30,7 +30,7 @@ from rewards.export import SessionSamples, load_samples
 from trainer import checkpoint
 from trainer.advantages import ADVANTAGES, max_variance_subset
 from trainer.batch import build_samples, pack
-from trainer.claim import claim_batch, mark_skipped, release_after
+from trainer.claim import claim_batch, end_step, mark_skipped, release_after
 from trainer.metrics import MetricsSink, StallWatch
 from trainer.schedule import lr_factor, progress
 from trainer.step import recompute_proximal, train_step
@@ -104,6 +104,17 @@ def downsample_groups(sessions: list[SessionSamples], m: int) -> tuple[list[Sess
     return kept, [sessions[i].session_id for i in sorted(left_out)]
 
 
+def canonical_order(sessions: list[SessionSamples]) -> list[SessionSamples]:
+    """Claimed sessions by group, then by their tokens: the order they finished in (a race
+    between episodes) then changes nothing a step computes, and an on-policy run with seeded
+    rollouts trains the same batches in the same order every time."""
+
+    def key(s: SessionSamples) -> tuple:
+        return s.group_id, [(x.prompt_ids, x.output_ids) for x in s.individual], s.reward
+
+    return sorted(sessions, key=key)
+
+
 @dataclass
 class _Batch:
     """What the next step trains: claimed sessions, those of them kept with their group
@@ -115,6 +126,7 @@ class _Batch:
     scale: dict[str, float] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     downsampled: list[str] = field(default_factory=list)  # left out by trainer.train_per_group
+    unsettled: list[tuple[list[str], str]] = field(default_factory=list)  # skips marked when the step ends
     dropped: int = 0
     unsolved: int = 0  # kept sessions of unsolved groups (trainer.unsolved_advantage)
 
@@ -188,6 +200,11 @@ class Trainer:
             log.info("resumed from %s (step %d); %d sessions handed back", resume.name, self.state.step, released)
             self._audit({"resume_from": self.state.step, "handed_back": released})
         else:
+            # A run that died before its first checkpoint: what its steps claimed is not in any weights.
+            released = self.db.transaction(lambda c: release_after(c, 0))
+            if released:
+                log.info("no checkpoint yet; %d sessions claimed by earlier steps handed back", released)
+                self._audit({"resume_from": 0, "handed_back": released})
             self.state.version = self.sync.engine_version()
 
     # -- loop -----------------------------------------------------------------------
@@ -254,13 +271,13 @@ class Trainer:
     def _add(self, batch: _Batch, session_ids: list[str]) -> None:
         """Load claimed sessions into the next step's batch; groups without reward variance are
         marked skipped (with skip_zero_variance) and only counted."""
-        sessions = self.db.read(lambda c: load_samples(c, session_ids))
+        sessions = canonical_order(self.db.read(lambda c: load_samples(c, session_ids)))
         batch.sessions += sessions
         if self.tcfg.train_per_group:
             sessions, left_out = downsample_groups(sessions, self.tcfg.train_per_group)
             if left_out:
                 reason = f"down-sampled: not among its group's {self.tcfg.train_per_group} of largest reward variance"
-                self.db.transaction(lambda c: mark_skipped(c, left_out, reason))
+                self._skip(batch, left_out, reason)
                 batch.downsampled += left_out
         baseline, scale, kept, skipped, unsolved = session_advantages(
             sessions, self.tcfg.advantage, self.tcfg.unsolved_advantage, self.tcfg.unsolved_share
@@ -268,13 +285,22 @@ class Trainer:
         batch.baseline.update(baseline)
         batch.scale.update(scale)
         if skipped and self.tcfg.skip_zero_variance:
-            self.db.transaction(lambda c: mark_skipped(c, skipped, "zero reward variance in its group"))
+            self._skip(batch, skipped, "zero reward variance in its group")
             batch.skipped += skipped
             keep = set(kept)
             batch.kept += [s for s in sessions if s.session_id in keep]
         else:
             batch.kept += sessions
         batch.unsolved += len(unsolved)
+
+    def _skip(self, batch: _Batch, session_ids: list[str], reason: str) -> None:
+        """Skipped sessions stay claimed by the step until it ends (so admission control does not
+        start episodes that would sample the weights the step replaces); with fill_batch they are
+        let go at once, since the step itself waits for the episodes that replace them."""
+        if self.tcfg.fill_batch:
+            self.db.transaction(lambda c: mark_skipped(c, session_ids, reason))
+        else:
+            batch.unsettled.append((session_ids, reason))
 
     def _train(self, batch: _Batch, waited: float) -> None:
         t0 = time.time()
@@ -313,6 +339,7 @@ class Trainer:
         if result is not None and step % self.tcfg.weight_sync_every == 0:
             push_s = self.sync.push(self.model, self.state.version + 1)
             self.state.version += 1
+        self.db.transaction(lambda c: end_step(c, step, batch.unsettled))
         if step % self.tcfg.checkpoint_every == 0:
             self.state.elapsed_s = self._elapsed()
             checkpoint.save(

@@ -40,11 +40,12 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-async def evaluate(model: str, samples: int = 1, seed: int = 0, device: str = "cpu") -> dict:
+async def evaluate(model: str, samples: int = 1, seed: int = 0, device: str = "cpu", kind: str | None = None) -> dict:
+    """Accuracies on the eval split, or on its problems of one `kind` ("addition", "subtraction")."""
     engine = LocalEngine(EngineConfig(model=model, max_batch_size=256, device=device))
     await engine.start()
     renderer = Renderer(engine.tokenizer, engine.info.eos_token_ids)
-    problems = tasks("eval")
+    problems = [t for t in tasks("eval") if kind is None or t["kind"] == kind]
     prompts = [renderer.prompt(messages_for(t), None, None).ids for t in problems]
 
     async def score(temperature: float, repeat: int) -> tuple[float, dict[str, float], list[int]]:

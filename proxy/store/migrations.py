@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sqlalchemy import Connection, select, text
+from sqlalchemy import Connection, inspect, select, text
 from sqlalchemy.engine import Engine
 
 from proxy.store.schema import Base, SchemaVersion
@@ -26,7 +26,14 @@ def _session_activity_index(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX IF NOT EXISTS ix_sessions_status_updated ON sessions (status, updated_at)"))
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_initial, _session_activity_index]
+def _session_seed(conn: Connection) -> None:
+    # Sessions carry a sampling seed; a database created by step 1 of this release already has it.
+    columns = {c["name"] for c in inspect(conn).get_columns("sessions")}
+    if "seed" not in columns:
+        conn.execute(text("ALTER TABLE sessions ADD COLUMN seed BIGINT"))
+
+
+MIGRATIONS: list[Callable[[Connection], None]] = [_initial, _session_activity_index, _session_seed]
 LATEST = len(MIGRATIONS)
 _PG_LOCK_ID = 0x41524541  # "AREA"
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SESSION_STATUSES = ("open", "finished", "consumed", "failed")
+SESSION_STATUSES = ("open", "finished", "training", "consumed", "failed")
+"""open → finished (scored) → training (claimed by a step whose weights are not pushed yet) →
+consumed (trained, or dropped/skipped by the trainer); or failed."""
 
 
 class Base(DeclarativeBase):
@@ -45,6 +47,7 @@ class SessionRow(Base):
     updated_at: Mapped[float] = mapped_column(Float, index=True)
     finished_at: Mapped[float | None] = mapped_column(Float)
     consumed_step: Mapped[int | None] = mapped_column(Integer, index=True)  # trainer step that used it
+    seed: Mapped[int | None] = mapped_column(BigInteger)  # sampling seed of calls that set none (derived per prompt)
 
 
 class CompletionRow(Base):

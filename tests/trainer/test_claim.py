@@ -13,7 +13,7 @@ from proxy.config import StoreConfig
 from proxy.store.db import Database
 from proxy.store.schema import sessions
 from tests.conftest import fresh_pg_database
-from trainer.claim import DROPPED_STALE, claim_batch, release_after, trained_count
+from trainer.claim import DROPPED_STALE, claim_batch, end_step, release_after, trained_count
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -88,7 +88,10 @@ def test_stale_sessions_are_dropped_and_counted(db):
     assert sorted(got.dropped_stale) == sorted(old)
     assert sorted(got.session_ids) == sorted(fresh)
     counts = db.read(trained_count)
-    assert counts["dropped_stale"] == 4 and counts["trained"] == 4
+    assert counts["dropped_stale"] == 4 and counts["training"] == 4 and counts["trained"] == 0
+    db.transaction(lambda c: end_step(c, 1))
+    counts = db.read(trained_count)
+    assert counts["training"] == 0 and counts["trained"] == 4
     rows = db.read(lambda c: c.execute(sessions.select().where(sessions.c.id.in_(old))).all())
     assert all(r.consumed_step == DROPPED_STALE and r.failure.startswith("dropped") for r in rows)
 
@@ -100,6 +103,26 @@ def test_resume_hands_back_sessions_trained_after_the_checkpoint(db):
     assert db.transaction(lambda c: release_after(c, 2)) == 4
     again = {sid for step in (3, 4) for sid in claim(db, step=step, batch=2).session_ids}
     assert again == set(ids[2]) | set(ids[3])
+
+
+def test_admission_counts_sessions_in_a_running_step(db):
+    """With max_staleness 0, a batch claimed by a step still training holds the next one back:
+    the episodes it would admit would sample the weights that step is about to replace."""
+    from proxy.admission import unconsumed_count
+
+    add_sessions(db, "a", ["finished"] * 4)
+    assert db.read(unconsumed_count) == 4
+    assert len(claim(db, step=1, batch=4, staleness=0).session_ids) == 4
+    assert db.read(unconsumed_count) == 4, "claimed for a step that has not pushed its weights"
+    db.transaction(lambda c: end_step(c, 1))
+    assert db.read(unconsumed_count) == 0
+
+
+def test_a_step_that_never_ended_is_handed_back(db):
+    ids = add_sessions(db, "a", ["finished"] * 2)
+    assert len(claim(db, step=1, batch=2).session_ids) == 2  # the trainer dies before end_step
+    assert db.transaction(lambda c: release_after(c, 0)) == 2
+    assert set(claim(db, step=1, batch=2).session_ids) == set(ids)
 
 
 def test_two_trainers_never_claim_the_same_session(db):

@@ -40,12 +40,12 @@ sys.path.insert(0, str(REPO))
 
 import trainer.step  # noqa: E402
 from proxy.config import TrainerConfig  # noqa: E402
-from proxy.engines.attention import register as grouped_attention  # noqa: E402
 from proxy.engines.base import SamplingParams  # noqa: E402
-from proxy.engines.devices import keep_freed_memory  # noqa: E402
 from proxy.engines.kv import BatchKV  # noqa: E402
-from proxy.engines.model_files import DEFAULT_MODEL, resolve_model  # noqa: E402
 from proxy.engines.sampling import sample  # noqa: E402
+from proxy.runtime.attention import register as grouped_attention  # noqa: E402
+from proxy.runtime.devices import keep_freed_memory  # noqa: E402
+from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model  # noqa: E402
 from trainer.batch import Sample, pack  # noqa: E402
 from trainer.step import train_step  # noqa: E402
 from trainer.weights import write_weights  # noqa: E402

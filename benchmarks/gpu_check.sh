@@ -69,7 +69,7 @@ def build_model(out: Path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if not (TOKENIZER / "tokenizer.json").is_file():
-        from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
+        from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
 
         resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy")  # converts the packaged default once
     size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
+from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
 
 REPLY = "Hello! How can I help you today?"
 

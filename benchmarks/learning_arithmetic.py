@@ -105,7 +105,7 @@ def main() -> None:
         help="also score the last snapshot with this many sampled answers per problem (a steadier estimate)",
     )
     args = parser.parse_args()
-    from proxy.engines.model_files import DEFAULT_MODEL
+    from proxy.runtime.model_files import DEFAULT_MODEL
 
     run_dir = Path(args.run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)

@@ -35,7 +35,7 @@ from adapters.tasks import load_tasks  # noqa: E402
 from proxy.config import EngineConfig, load_config  # noqa: E402
 from proxy.engines.base import SamplingParams  # noqa: E402
 from proxy.engines.local import LocalEngine  # noqa: E402
-from trainer.launch import _free_port, wait_healthy  # noqa: E402
+from trainer.launch.local import _free_port, wait_healthy  # noqa: E402
 
 
 async def engine_rate(fast_path: str, dtype: str, concurrency: int, episodes: int) -> dict:

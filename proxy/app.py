@@ -23,10 +23,10 @@ from starlette.requests import ClientDisconnect
 
 from proxy.config import Config
 from proxy.engines.base import Engine, EngineUnavailable
-from proxy.engines.model_files import served_name
 from proxy.errors import APIError, engine_unavailable
 from proxy.metrics import Metrics
 from proxy.routes.common import error_response
+from proxy.runtime.model_files import served_name
 from proxy.sessions import SessionService, expire_open_sessions
 from proxy.store.db import Database
 

@@ -173,7 +173,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_engine(args: argparse.Namespace) -> int:
     cfg = _config(args, **{"engine.model": args.model, "engine.device": args.device})
     _setup_logging(cfg.proxy.log_level)
-    from proxy.engines.server import serve_engine
+    from proxy.servers.engine import serve_engine
 
     return serve_engine(cfg, args.host or "127.0.0.1", args.port)
 
@@ -182,7 +182,7 @@ def cmd_front(args: argparse.Namespace) -> int:
     replicas = [u.strip() for u in args.replicas.split(",") if u.strip()] if args.replicas else None
     cfg = _config(args, **{"front.host": args.host, "front.port": args.port, "front.replicas": replicas})
     _setup_logging(cfg.proxy.log_level)
-    from proxy.front import serve_front
+    from proxy.servers.front import serve_front
 
     return serve_front(cfg)
 
@@ -194,10 +194,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg.trainer.device = args.device
     _setup_logging(cfg.proxy.log_level)
     if args.launcher == "ray":
-        from trainer.ray_launcher import launch
+        from trainer.launch.ray import launch
 
         return launch(cfg, path, args.address)
-    from trainer.launch import launch
+    from trainer.launch.local import launch
 
     return launch(cfg, path)
 

@@ -217,7 +217,7 @@ def reference_model():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
+    from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
 
     path = resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from proxy.config import Config
-from proxy.engines.devices import DTYPES, model_load_options, select_device, warn_if_emulated_bf16
-from proxy.engines.model_files import resolve_model
+from proxy.runtime.devices import DTYPES, model_load_options, select_device, warn_if_emulated_bf16
+from proxy.runtime.model_files import resolve_model
 from proxy.store.db import Database
 from rewards.export import SessionSamples, load_samples
 from trainer import checkpoint

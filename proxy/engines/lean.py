@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from proxy.engines.attention import grouped_attention
+from proxy.runtime.attention import grouped_attention
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
 

@@ -10,7 +10,7 @@ for stop conditions and streamed back to its request. Weight updates are applied
 so nothing in flight is dropped; every token records the version that produced it. `pause()`
 parks the loop between steps (requests wait, new ones queue, weight updates still apply) until
 `resume()`. Runs on cpu, cuda or npu (torch_npu is imported only for npu); device and dtype
-handling lives in `proxy/engines/devices.py`.
+handling lives in `proxy/runtime/devices.py`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,13 @@ from proxy.engines.base import (
     SamplingParams,
     StreamDelta,
 )
-from proxy.engines.devices import (
+from proxy.engines.kv import BatchKV
+from proxy.engines.lean import FastForward, Segment
+from proxy.engines.prefix_cache import BLOCK, Block, PrefixCache, past_of
+from proxy.engines.sampling import sample
+from proxy.runtime.devices import (
     DTYPES,
+    DeviceUnavailable,
     check_fits,
     load_weights_file,
     model_load_options,
@@ -44,11 +49,7 @@ from proxy.engines.devices import (
     select_device,
     warn_if_emulated_bf16,
 )
-from proxy.engines.kv import BatchKV
-from proxy.engines.lean import FastForward, Segment
-from proxy.engines.model_files import resolve_model
-from proxy.engines.prefix_cache import BLOCK, Block, PrefixCache, past_of
-from proxy.engines.sampling import sample
+from proxy.runtime.model_files import resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,10 @@ class LocalEngine:
 
         if self.cfg.threads > 0:
             torch.set_num_threads(self.cfg.threads)
-        self._device = select_device(self.cfg.device)
+        try:
+            self._device = select_device(self.cfg.device)
+        except DeviceUnavailable as exc:
+            raise EngineUnavailable(str(exc)) from None
         options = model_load_options(self._device)
         path = resolve_model(self.cfg.model, self.cfg.cache_dir)
         dtype = DTYPES.get(self.cfg.dtype) or (torch.float32 if self._device.type == "cpu" else torch.bfloat16)

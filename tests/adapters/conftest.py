@@ -81,7 +81,7 @@ def tokenizer():
     """The served model's tokenizer, for reading what the model actually sampled."""
     from transformers import AutoTokenizer
 
-    from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
+    from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy"))
 

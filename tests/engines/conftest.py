@@ -89,7 +89,7 @@ def write_perturbed_weights(out: Path, scale: float = 0.02, seed: int = 0) -> Pa
     import torch
     from safetensors.torch import load_file, save_file
 
-    from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
+    from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
 
     source = Path(resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy")) / "model.safetensors"
     state = load_file(str(source))
@@ -111,6 +111,6 @@ def perturbed_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def original_weights() -> Path:
-    from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
+    from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
 
     return Path(resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy"))

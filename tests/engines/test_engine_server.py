@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from proxy.engines.server import parse_sampling
+from proxy.servers.engine import parse_sampling
 from tests.conftest import reuse_after_idle
 
 # the chat template around "Tell me about the sea."

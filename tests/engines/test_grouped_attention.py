@@ -7,7 +7,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from proxy.engines import attention
-from proxy.engines.attention import register
+from proxy.runtime.attention import register
 from tests.conftest import tiny_llama
 from tests.trainer.test_batch_step import RAGGED, SHARED
 from trainer.batch import pack

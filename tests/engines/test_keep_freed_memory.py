@@ -7,7 +7,7 @@ import platform
 import pytest
 import torch
 
-from proxy.engines.devices import keep_freed_memory
+from proxy.runtime.devices import keep_freed_memory
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")

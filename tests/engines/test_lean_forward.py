@@ -10,12 +10,12 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen
 from transformers.cache_utils import DynamicCache
 
 from proxy.config import EngineConfig
-from proxy.engines.attention import register
 from proxy.engines.base import SamplingParams, generate
 from proxy.engines.kv import BatchKV
 from proxy.engines.lean import FastForward, Segment, can_pack
 from proxy.engines.local import LocalEngine
-from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
+from proxy.runtime.attention import register
+from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
 from tests.conftest import tiny_llama
 
 TIGHT = {"rtol": 1e-5, "atol": 1e-5}

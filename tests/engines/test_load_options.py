@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from proxy.engines.devices import model_load_options
+from proxy.runtime.devices import model_load_options
 from tests.conftest import tiny_llama
 
 

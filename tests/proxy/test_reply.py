@@ -7,8 +7,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
 from proxy.reply import ReplyBuilder, parse_tool_calls
+from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
 
 NAMES = {"get_weather"}
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'

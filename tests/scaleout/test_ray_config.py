@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import ConfigError, load_config
-from trainer.ray_launcher import check_config, prepare, resources
+from trainer.launch.ray import check_config, prepare, resources
 
 PG = ["store.url=postgresql+psycopg://postgres@127.0.0.1/areal"]
 

@@ -3,8 +3,8 @@ moves only a dead replica's sessions, replicas behind the newest weights kept ou
 
 from __future__ import annotations
 
-from proxy.front import Router, routing_key
-from trainer.ray_actors import shard, shard_limit
+from proxy.servers.front import Router, routing_key
+from trainer.launch.ray_actors import shard, shard_limit
 
 
 def test_routing_key_from_path_then_session_key():

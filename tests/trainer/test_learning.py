@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 from adapters.tasks import load_object
-from proxy.engines.model_files import DEFAULT_MODEL, resolve_model
+from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
 from tests.conftest import REPO
 
 STEPS = 14

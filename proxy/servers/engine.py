@@ -443,6 +443,6 @@ async def _json(request: Request, default: Any = None) -> Any:
 
 def serve_engine(cfg: Config, host: str, port: int) -> int:
     """Run the engine server until interrupted; 0 on a clean stop, 1 if it never started."""
-    from proxy.serve import run_uvicorn
+    from proxy.servers.http import run_uvicorn
 
     return run_uvicorn(create_engine_app(cfg), host, port, cfg.proxy.log_level)

@@ -378,7 +378,7 @@ async def _send_response(send: Any, response: httpx.Response) -> None:
 
 def serve_front(cfg: Config) -> int:
     """Run the front until interrupted."""
-    from proxy.serve import run_uvicorn
+    from proxy.servers.http import run_uvicorn
 
     app = Front(cfg.front, cfg.proxy.max_request_bytes)
     # the replica's own Date and Server headers pass through

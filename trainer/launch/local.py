@@ -33,9 +33,9 @@ from adapters.tasks import load_tasks
 from proxy.config import Config
 from proxy.store.db import Database
 from proxy.store.schema import sessions
+from trainer.launch.processes import stop_process
 from trainer.loop import proxy_url
 from trainer.metrics import progress_rows
-from trainer.processes import stop_process
 
 
 def _free_port() -> int:

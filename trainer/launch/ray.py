@@ -104,7 +104,7 @@ class Cluster:
     def __init__(self, cfg: Config, run_dir: Path, cwd: Path, console: Console) -> None:
         import ray
 
-        from trainer.ray_actors import ProcessActor, RunnerActor
+        from trainer.launch.ray_actors import ProcessActor, RunnerActor
 
         self.ray = ray
         self.cfg = cfg
@@ -262,7 +262,7 @@ class Cluster:
     # -- logs and metrics -------------------------------------------------------------
     def copy_logs(self) -> None:
         """Append what every component logged since the last copy to run_dir/logs/<name>.log."""
-        from trainer.ray_actors import LOG_CHUNK
+        from trainer.launch.ray_actors import LOG_CHUNK
 
         pending = list(self.components)
         while pending:
@@ -442,6 +442,6 @@ def launch(cfg: Config, config_path: str | None, address: str | None) -> int:
 
 
 def _close_interrupted(config: dict[str, Any]) -> int:
-    from trainer.launch import close_interrupted_sessions
+    from trainer.launch.local import close_interrupted_sessions
 
     return close_interrupted_sessions(Config.model_validate(config))

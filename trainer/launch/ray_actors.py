@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from trainer.processes import stop_process
+from trainer.launch.processes import stop_process
 
 LOG_CHUNK = 1 << 20
 

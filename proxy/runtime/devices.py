@@ -10,12 +10,15 @@ from typing import Any
 
 import torch
 
-from proxy.engines.attention import register as grouped_attention
-from proxy.engines.base import EngineUnavailable
+from proxy.runtime.attention import register as grouped_attention
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class DeviceUnavailable(RuntimeError):
+    """The configured device is not on this machine."""
 
 
 def select_device(device: str) -> torch.device:
@@ -24,10 +27,10 @@ def select_device(device: str) -> torch.device:
         import torch_npu  # noqa: F401
 
         if not torch.npu.is_available():  # type: ignore[attr-defined]
-            raise EngineUnavailable("device npu requested but no Ascend NPU is available")
+            raise DeviceUnavailable("device npu requested but no Ascend NPU is available")
         return torch.device("npu")
     if device == "cuda" and not torch.cuda.is_available():
-        raise EngineUnavailable("device cuda requested but CUDA is not available")
+        raise DeviceUnavailable("device cuda requested but CUDA is not available")
     return torch.device(device)
 
 

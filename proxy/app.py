@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from proxy.config import Config
+from proxy.engines.backends import make_engine
 from proxy.engines.base import Engine, EngineUnavailable
 from proxy.errors import APIError, engine_unavailable
 from proxy.metrics import Metrics
@@ -33,21 +34,6 @@ from proxy.store.db import Database
 log = logging.getLogger("areal_proxy")
 
 
-def make_engine(cfg: Config) -> Engine:
-    backend = cfg.engine.backend
-    if backend == "local":
-        from proxy.engines.local import LocalEngine
-
-        return LocalEngine(cfg.engine)
-    if backend == "sglang":
-        from proxy.engines.sglang import SGLangEngine
-
-        return SGLangEngine(cfg.engine)
-    from proxy.engines.vllm import VLLMEngine
-
-    return VLLMEngine(cfg.engine)
-
-
 class AppState:
     """Everything the routes share; built by the lifespan."""
 
@@ -56,7 +42,7 @@ class AppState:
         self.metrics = Metrics()
         self.db = Database(cfg.store, owner=True)
         self.sessions = SessionService(self.db, cfg.proxy.admin_key, cfg.proxy.auto_sessions)
-        self.engine: Engine = make_engine(cfg)
+        self.engine: Engine = make_engine(cfg.engine)
         self.served_name = cfg.proxy.served_model_name or served_name(cfg.engine.model)
         self.ready = asyncio.Event()  # loop-agnostic since Python 3.10
         self.load_error: BaseException | None = None

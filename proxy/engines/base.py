@@ -12,6 +12,7 @@ finish reason. `generate()` drains the stream into a `GenerationResult`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -30,6 +31,14 @@ class EngineRequestError(ValueError):
     """The engine rejected the request itself (e.g. prompt over the context length)."""
 
 
+class InvalidSampling(EngineRequestError):
+    """A sampling parameter no engine can honour; `param` names it. The proxy answers 400."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int
@@ -45,6 +54,49 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5
+
+
+SEED_RANGE = (-(2**63), 2**64)
+"""Seeds a torch generator takes: [-2**63, 2**64)."""
+MAX_TOP_K = 2**31 - 1
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
+MAX_TOP_LOGPROBS = 20
+
+
+def check_sampling(params: SamplingParams) -> None:
+    """Raise `InvalidSampling` for the first field outside what every engine can take.
+
+    Engines call it before a request joins a batch: a value that only fails deep in a decode
+    step (a 64-bit overflow in a tensor, a NaN temperature) would otherwise fail the whole step,
+    every other request in it included.
+    """
+
+    def integer(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    def finite(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    p = params
+    if not integer(p.max_new_tokens) or p.max_new_tokens < 1:
+        raise InvalidSampling(f"max_new_tokens must be a positive integer, got {p.max_new_tokens!r}", "max_tokens")
+    if not finite(p.temperature) or p.temperature < 0:
+        raise InvalidSampling(f"temperature must be a finite number >= 0, got {p.temperature!r}", "temperature")
+    if not finite(p.top_p) or not 0 < p.top_p <= 1:
+        raise InvalidSampling(f"top_p must be in (0, 1], got {p.top_p!r}", "top_p")
+    if not integer(p.top_k) or not 0 <= p.top_k <= MAX_TOP_K:
+        raise InvalidSampling(f"top_k must be an integer from 0 (off) to {MAX_TOP_K}, got {p.top_k!r}", "top_k")
+    if p.seed is not None and (not integer(p.seed) or not SEED_RANGE[0] <= p.seed < SEED_RANGE[1]):
+        raise InvalidSampling(f"seed must be an integer from -2**63 to 2**64 - 1, got {p.seed!r}", "seed")
+    if len(p.stop) > MAX_STOPS or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in p.stop):
+        raise InvalidSampling(
+            f"stop takes at most {MAX_STOPS} non-empty strings of at most {MAX_STOP_CHARS} characters", "stop"
+        )
+    if not all(integer(t) and 0 <= t <= MAX_TOP_K for t in p.stop_token_ids):
+        raise InvalidSampling("stop_token_ids must be token ids (non-negative integers)", "stop_token_ids")
+    if not integer(p.top_logprobs) or not 0 <= p.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidSampling(f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
 
 
 @dataclass

@@ -11,11 +11,19 @@ so nothing in flight is dropped; every token records the version that produced i
 parks the loop between steps (requests wait, new ones queue, weight updates still apply) until
 `resume()`. Runs on cpu, cuda or npu (torch_npu is imported only for npu); device and dtype
 handling lives in `proxy/runtime/devices.py`.
+
+No request can stop the engine. Sampling parameters and token ids are checked before a request
+joins the queue, and a request whose sampling or stop check still raises in a step fails alone.
+A fault of the step itself (out of memory, a kernel error) fails every request the engine holds
+at once — queued, running, or taken for the next batch — and the worker restarts with an empty
+batch and prefix cache (`/health` answers 503 "restarting" meanwhile, then counts `restarts`);
+only faults that repeat faster than `_FAULTS_PER_MINUTE` stop it for good.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
@@ -31,9 +39,11 @@ from proxy.config import EngineConfig
 from proxy.engines.base import (
     EngineRequestError,
     EngineUnavailable,
+    InvalidSampling,
     ModelInfo,
     SamplingParams,
     StreamDelta,
+    check_sampling,
 )
 from proxy.engines.kv import BatchKV
 from proxy.engines.lean import FastForward, Segment
@@ -64,6 +74,7 @@ class _Request:
     generator: torch.Generator | None
     generated: list[int] = field(default_factory=list)
     cancelled: bool = False
+    done: bool = False  # its last delta (or error) was sent
     last_token: int = 0
 
 
@@ -88,15 +99,28 @@ class LocalEngine:
         self._waiting: deque[_Request] = deque()
         self._updates: deque[_WeightUpdate] = deque()
         self._running: list[_Request | None] = []  # one per KV row; None: finished, not yet compacted
+        self._taken: list[_Request] = []  # out of the queue, not yet in the batch (this step's admissions)
         self._kv = BatchKV()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._paused = False
+        self._closed = False  # the worker has ended: nothing more is queued
         self._error: BaseException | None = None
+        self._restarting: str | None = None  # the fault being recovered from
+        self._faults: deque[float] = deque()  # when recent step faults happened
+        self._vocab = 0
         self._prefix = PrefixCache(cfg.prefix_cache_tokens)
         self._fast: FastForward | None = None
-        self.stats = {"steps": 0, "tokens": 0, "prefill_tokens": 0, "cached_prompt_tokens": 0, "requests": 0}
+        self.stats = {
+            "steps": 0,
+            "tokens": 0,
+            "prefill_tokens": 0,
+            "cached_prompt_tokens": 0,
+            "requests": 0,
+            "restarts": 0,
+            "failed_requests": 0,
+        }
         self._stop_strings_window: dict[str, int] = {}
 
     # -- protocol -----------------------------------------------------------------
@@ -129,6 +153,8 @@ class LocalEngine:
     async def health(self) -> dict[str, Any]:
         if self._error is not None or self._thread is None or not self._thread.is_alive():
             raise EngineUnavailable(f"local engine is not running: {self._error!r}")
+        if self._restarting is not None:
+            raise EngineUnavailable(f"local engine is restarting after a fault: {self._restarting}")
         return {
             "backend": "local",
             "version": self._version,
@@ -156,6 +182,9 @@ class LocalEngine:
             raise EngineRequestError(
                 f"prompt of {len(input_ids)} tokens does not fit the context of {self.info.max_context}"
             )
+        check_sampling(params)
+        if not all(type(i) is int for i in input_ids) or min(input_ids) < 0 or max(input_ids) >= self._vocab:
+            raise InvalidSampling(f"input ids must be token ids from 0 to {self._vocab - 1}", "input_ids")
         generator = None
         if params.seed is not None and not params.greedy:
             generator = torch.Generator(device=self._device).manual_seed(params.seed)
@@ -168,6 +197,8 @@ class LocalEngine:
             generator=generator,
         )
         with self._wake:
+            if self._closed:  # the worker ended after the check above: nobody would answer
+                raise EngineUnavailable(f"local engine is not running: {self._error!r}")
             self._waiting.append(req)
             self._wake.notify()
         try:
@@ -215,6 +246,8 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         update = _WeightUpdate(state=state, version=version, done=loop.create_future(), loop=loop)
         with self._wake:
+            if self._closed:
+                raise EngineUnavailable(f"local engine is not running: {self._error!r}")
             self._updates.append(update)
             self._wake.notify()
         await update.done
@@ -253,6 +286,7 @@ class LocalEngine:
                 eos.add(source)
             elif source:
                 eos.update(source)
+        self._vocab = int(self.model.get_input_embeddings().num_embeddings)
         ctx = getattr(self.model.config, "max_position_embeddings", None) or 4096
         self._info = ModelInfo(model_path=path, max_context=int(ctx), eos_token_ids=tuple(sorted(eos)))
 
@@ -267,34 +301,70 @@ class LocalEngine:
         loop.call_soon_threadsafe(_resolve, ready, None)
         try:
             with torch.inference_mode():
-                worked, release_after = False, self.cfg.idle_release_s
-                while True:
-                    if worked and release_after > 0:
-                        with self._wake:
-                            idle = self._stays_idle(release_after)
-                        if idle:  # a while with nothing to do after a burst: keep the working set, not the peak
-                            release_freed_memory()
-                            worked = False
-                    with self._wake:
-                        while not self._called():
-                            self._wake.wait()
-                        if self._stopping:
-                            break
-                    self._apply_updates()
-                    if self._paused:
-                        continue
-                    worked = True
-                    if self._fast is not None:
-                        self._fused_step()
-                    else:
-                        self._admit()
-                        if self._running:
-                            self._decode()
+                self._serve()
         except BaseException as exc:  # the engine thread must report, never die silently
-            log.exception("local engine crashed")
+            log.exception("local engine stopped")
             self._error = exc
         finally:
+            with self._wake:
+                self._closed = True
             self._fail_all(EngineUnavailable(f"local engine stopped: {self._error!r}"))
+
+    def _serve(self) -> None:
+        """The worker's loop: wait for work, apply weight updates, step; recover from a faulty step."""
+        worked, release_after = False, self.cfg.idle_release_s
+        while True:
+            if worked and release_after > 0:
+                with self._wake:
+                    idle = self._stays_idle(release_after)
+                if idle:  # a while with nothing to do after a burst: keep the working set, not the peak
+                    release_freed_memory()
+                    worked = False
+            with self._wake:
+                while not self._called():
+                    self._wake.wait()
+                if self._stopping:
+                    return
+            self._apply_updates()
+            if self._paused:
+                continue
+            worked = True
+            try:
+                self._step()
+            except Exception as exc:
+                self._recover(exc)
+
+    def _step(self) -> None:
+        if self._fast is not None:
+            self._fused_step()
+        else:
+            self._admit()
+            if self._running:
+                self._decode()
+        self._taken = []
+
+    def _recover(self, exc: Exception) -> None:
+        """A step raised: nothing in it can be trusted. Fail every request held, empty the batch
+        and the prefix cache, and go on; faults faster than `_FAULTS_PER_MINUTE` stop the engine."""
+        now = time.monotonic()
+        self._faults.append(now)
+        while self._faults and now - self._faults[0] > 60:
+            self._faults.popleft()
+        self._restarting = f"{type(exc).__name__}: {exc}"[:500]
+        held = self._fail_all(
+            EngineUnavailable(f"the engine failed during this request ({self._restarting}) and is restarting")
+        )
+        log.error("engine step failed; %d requests failed, restarting the engine", held, exc_info=exc)
+        self._kv = BatchKV()
+        self._prefix.clear()
+        gc.collect()
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
+        release_freed_memory()
+        if len(self._faults) > _FAULTS_PER_MINUTE:
+            raise RuntimeError(f"{len(self._faults)} engine faults within a minute; last: {self._restarting}") from exc
+        self.stats["restarts"] += 1
+        self._restarting = None
 
     def _stays_idle(self, seconds: float) -> bool:
         """Whether nothing arrives for the engine thread in `seconds` (call with `_wake` held)."""
@@ -313,17 +383,30 @@ class LocalEngine:
     def _has_work(self) -> bool:
         return not self._paused and bool(self._waiting or self._running)
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def _fail_all(self, exc: BaseException) -> int:
+        """Fail every request held (queued, taken for the batch, running); returns how many.
+        Waiting weight updates are failed too once the engine is closed."""
         with self._wake:
-            pending = list(self._waiting) + [r for r in self._running if r is not None]
+            pending = list(self._waiting) + self._taken + [r for r in self._running if r is not None]
             self._waiting.clear()
+            self._taken = []
             self._running = []
-            updates = list(self._updates)
-            self._updates.clear()
+            updates = list(self._updates) if self._closed else []
+            if self._closed:
+                self._updates.clear()
+        failed = 0
         for req in pending:
-            req.loop.call_soon_threadsafe(req.out.put_nowait, exc)
+            if not req.done:
+                failed += self._fail(req, exc)
         for u in updates:
             u.loop.call_soon_threadsafe(_resolve, u.done, exc)
+        return failed
+
+    def _fail(self, req: _Request, exc: BaseException) -> int:
+        req.done = True
+        self.stats["failed_requests"] += 1
+        req.loop.call_soon_threadsafe(req.out.put_nowait, exc)
+        return 1
 
     def _apply_updates(self) -> None:
         while self._updates:
@@ -354,7 +437,7 @@ class LocalEngine:
         by prompt and the (cached chain, prompts) of each prefill.
         """
         budget = self.cfg.max_batch_size - self._alive_count()
-        taken: list[_Request] = []
+        taken = self._taken = []
         with self._wake:
             while budget > len(taken) and self._waiting:
                 req = self._waiting.popleft()
@@ -542,28 +625,48 @@ class LocalEngine:
         self._kv.keep(keep)
 
     def _emit(self, reqs: list[_Request], logits: torch.Tensor) -> list[_Request]:
-        """Sample one token per request, stream it, and return the requests that finished."""
-        sampled = sample(logits, [r.params for r in reqs], [r.generator for r in reqs])
+        """Sample one token per request, stream it, and return the requests that finished (or failed)."""
+        try:
+            rows = _rows(sample(logits, [r.params for r in reqs], [r.generator for r in reqs]), len(reqs))
+        except Exception:  # some request's sampling raised: find it, fail it alone, keep the others
+            rows = [self._sample_one(r, logits[i : i + 1]) for i, r in enumerate(reqs)]
         version = self._version
         finished = []
-        for i, req in enumerate(reqs):
-            token = sampled.token_ids[i]
+        for req, row in zip(reqs, rows):
+            if row is None:
+                finished.append(req)
+                continue
+            token, logprob, top = row
             req.generated.append(token)
             req.last_token = token
-            reason, matched = self._finish(req, token)
+            try:
+                reason, matched = self._finish(req, token)
+            except Exception as exc:
+                self._fail(req, EngineRequestError(f"checking the stop conditions failed: {exc}"))
+                finished.append(req)
+                continue
             delta = StreamDelta(
                 token_ids=[token],
-                logprobs=[sampled.logprobs[i]],
+                logprobs=[logprob],
                 versions=[version],
-                top_logprobs=[sampled.top_logprobs[i]] if req.params.top_logprobs else None,
+                top_logprobs=[top] if req.params.top_logprobs else None,
                 finish_reason=reason,
                 matched_stop=matched,
             )
-            req.loop.call_soon_threadsafe(req.out.put_nowait, delta)
             if reason is not None:
+                req.done = True
                 finished.append(req)
+            req.loop.call_soon_threadsafe(req.out.put_nowait, delta)
         self.stats["tokens"] += len(reqs)
         return finished
+
+    def _sample_one(self, req: _Request, logits: torch.Tensor) -> tuple[int, float, Any] | None:
+        try:
+            return _rows(sample(logits, [req.params], [req.generator]), 1)[0]
+        except Exception as exc:
+            log.warning("sampling failed for request %s: %s", req.request_id, exc)
+            self._fail(req, EngineRequestError(f"sampling failed: {exc}"))
+            return None
 
     def _finish(self, req: _Request, token: int) -> tuple[Any, int | str | None]:
         p = req.params
@@ -584,6 +687,12 @@ class LocalEngine:
 
 
 _PREFILL_TOKENS = 4096  # padded tokens per prefill forward
+_FAULTS_PER_MINUTE = 5  # more step faults than this within a minute stop the engine
+
+
+def _rows(sampled: Any, n: int) -> list[tuple[int, float, Any] | None]:
+    """A sampled batch as (token, logprob, top logprobs) per row."""
+    return [(sampled.token_ids[i], sampled.logprobs[i], sampled.top_logprobs[i]) for i in range(n)]
 
 
 def _prefill_chunks(prompts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:

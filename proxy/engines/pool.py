@@ -8,7 +8,7 @@ first token is retried on another server, at most `retries` times; once tokens w
 failure surfaces as `EngineUnavailable`, never as a second, duplicate generation.
 
 Also here, because both HTTP backends need them: server-sent-event reading, error bodies → the
-engine errors, weight-version labels → integer versions, and model facts from config files.
+engine errors, and weight-version labels → integer versions.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ from collections import Counter, OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Collection, Iterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 
-from proxy.engines.base import EngineRequestError, EngineUnavailable, ModelInfo, StreamDelta
+from proxy.engines.base import EngineRequestError, EngineUnavailable, StreamDelta
 
 log = logging.getLogger(__name__)
 
@@ -389,71 +388,3 @@ class WeightVersions:
             for i in range(lo, hi):
                 versions[i - start] = version
         return versions
-
-
-FALLBACK_CONTEXT = 4096  # when neither the server nor the model config names a context length
-
-
-async def resolve_model_info(
-    reported: list[Any], configured: str, served_context: int | None, kv_limit: int | None = None
-) -> ModelInfo:
-    """`ModelInfo` from what a server reports and the model's own config files.
-
-    The tokenizer path is a reported path that exists here, else a reported hub id, else the
-    configured model; the context length is the server's, else the config's, capped by the
-    server's KV-cache capacity.
-    """
-    names = [str(p) for p in reported if p]
-    local = [n for n in [*names, configured] if Path(n).expanduser().exists()]
-    hub_ids = [n for n in names if not Path(n).is_absolute()]
-    model_path = (local or hub_ids or [configured])[0]
-    config_context, eos = await asyncio.to_thread(model_facts, model_path)
-    max_context = served_context or config_context
-    if not max_context:
-        log.warning("context length of %s unknown; assuming %d", model_path, FALLBACK_CONTEXT)
-        max_context = FALLBACK_CONTEXT
-    if kv_limit:
-        max_context = min(max_context, kv_limit)
-    return ModelInfo(model_path=model_path, max_context=max_context, eos_token_ids=eos)
-
-
-def model_facts(path: str) -> tuple[int | None, tuple[int, ...]]:
-    """Context length and EOS ids from the model's config files (None / () when unreadable).
-
-    Local files and the hub cache are read first; the hub is asked only for a non-local id,
-    once: when that fails (offline, unknown id) the rest is read from the cache or skipped.
-    """
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-    local = Path(path).expanduser()
-    online = not local.exists() and not local.is_absolute()  # a hub id, not another host's path
-    loaded: dict[str, Any] = {}
-    for loader in (AutoConfig, GenerationConfig, AutoTokenizer):
-        for local_only in (True, False) if online else (True,):
-            try:
-                loaded[loader.__name__] = loader.from_pretrained(path, local_files_only=local_only)
-                break
-            except (OSError, ValueError, KeyError, ImportError) as exc:  # no such file, or offline
-                if not local_only:
-                    online = False
-                    log.warning("could not read %s of %s: %s", loader.__name__, path, exc)
-    max_context: int | None = None
-    eos: list[int] = []
-    if (config := loaded.get("AutoConfig")) is not None:
-        config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-            if isinstance(getattr(config, key, None), int):
-                max_context = getattr(config, key)
-                break
-        eos += _ids(getattr(config, "eos_token_id", None))
-    if (generation := loaded.get("GenerationConfig")) is not None:
-        eos += _ids(generation.eos_token_id)
-    if (tokenizer := loaded.get("AutoTokenizer")) is not None:
-        eos += _ids(tokenizer.eos_token_id)
-    return max_context, tuple(dict.fromkeys(eos))
-
-
-def _ids(value: Any) -> list[int]:
-    if isinstance(value, int):
-        return [value]
-    return [v for v in value if isinstance(v, int)] if isinstance(value, list | tuple) else []

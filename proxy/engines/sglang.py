@@ -20,42 +20,21 @@ older than the pause modes take "abort".)
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
-import orjson
-
-from proxy.config import EngineConfig
-from proxy.engines.base import (
-    EngineRequestError,
-    EngineUnavailable,
-    FinishReason,
-    ModelInfo,
-    SamplingParams,
-    StreamDelta,
-)
+from proxy.engines.base import EngineRequestError, FinishReason, SamplingParams, StreamDelta
 from proxy.engines.pool import (
-    JSON_HEADERS,
     Server,
     ServerError,
-    ServerPool,
     WeightVersions,
     answer_json,
-    decode_event,
     error_from_body,
     get_json,
-    http_client,
     http_errors,
     post_json,
     raise_for_status,
-    resolve_model_info,
-    sse_data,
 )
-
-log = logging.getLogger(__name__)
+from proxy.engines.remote import RemoteEngine, ServedModel, one_answer, sampling_fields
 
 
 def build_generate_request(
@@ -64,13 +43,7 @@ def build_generate_request(
     """The `/generate` body; `sampling_params` keys must be ones SGLang knows (it rejects others)."""
     sampling: dict[str, Any] = {
         "max_new_tokens": params.max_new_tokens,  # SGLang's default is 128
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "top_k": params.top_k if params.top_k > 0 else -1,
-        "stop": list(params.stop),
-        "stop_token_ids": list(params.stop_token_ids),
-        "ignore_eos": params.ignore_eos,
-        "skip_special_tokens": False,
+        **sampling_fields(params),
         "no_stop_trim": True,
     }
     if params.seed is not None:
@@ -175,11 +148,7 @@ def parse_generate_body(
     body: dict[str, Any], versions: WeightVersions | None = None, *, top_logprobs: int = 0
 ) -> StreamDelta:
     """A non-streamed `/generate` answer as one delta carrying the finish reason."""
-    decoder = StreamDecoder(versions or WeightVersions(), top_logprobs=top_logprobs)
-    delta = decoder.feed(body)
-    if delta is None or not decoder.finished:
-        raise ServerError(f"/generate answered without a finish reason: {str(body)[:200]}")
-    return delta
+    return one_answer(StreamDecoder(versions or WeightVersions(), top_logprobs=top_logprobs), body, "/generate")
 
 
 def _lookup(info: Any, key: str, depth: int = 2) -> Any:
@@ -194,64 +163,34 @@ def _lookup(info: Any, key: str, depth: int = 2) -> Any:
     return None
 
 
-class SGLangEngine:
+class SGLangEngine(RemoteEngine):
     """The `Engine` protocol over one or more SGLang servers."""
 
-    def __init__(self, cfg: EngineConfig) -> None:
-        self.cfg = cfg
-        self.pool = ServerPool(cfg.urls, retries=cfg.retries, dead_after_s=cfg.retry_dead_after_s)
-        self._versions = WeightVersions()
-        self._client: aiohttp.ClientSession | None = None
-        self._info: ModelInfo | None = None
-        self._update_lock = asyncio.Lock()
+    backend = "sglang"
+    label = "SGLang"
+    model_route = "/model_info"
+    generate_route = "/generate"
 
-    @property
-    def version(self) -> int:
-        return self._versions.current
+    async def _read_model(self, server: Server) -> ServedModel:
+        answer = await self._model_info(server)
+        names = (answer.get("model_path"), answer.get("tokenizer_path"))
+        return ServedModel(names=names, weight_version=answer.get("weight_version"))
 
-    @property
-    def info(self) -> ModelInfo:
-        if self._info is None:
-            raise EngineUnavailable("the SGLang engine is not started")
-        return self._info
+    async def _model_info(self, server: Server) -> dict[str, Any]:
+        """`GET /model_info`, or `/get_model_info` on servers older than 0.5."""
+        for path in ("/model_info", "/get_model_info"):
+            url = server.url + path
+            with http_errors(url):
+                async with self._http.get(url) as response:
+                    if response.status != 404:
+                        await raise_for_status(response)
+                        answer = answer_json(await response.read(), url)
+                        if not isinstance(answer, dict):
+                            raise ServerError(f"{url} answered {str(answer)[:200]}, not a JSON object")
+                        return answer
+        raise ServerError(f"{server.url} has neither /model_info nor /get_model_info")
 
-    @property
-    def _http(self) -> aiohttp.ClientSession:
-        if self._client is None:
-            raise EngineUnavailable("the SGLang engine is not started")
-        return self._client
-
-    async def start(self) -> None:
-        self._client = http_client(self.cfg.timeout_s)
-        answers = await asyncio.gather(*(self._model_info(s) for s in self.pool.servers))
-        infos = [(s, a) for s, a in zip(self.pool.servers, answers, strict=True) if a is not None]
-        if not infos:
-            raise EngineUnavailable("no SGLang server answered /model_info: " + str(self.pool.stats()))
-        server, first = infos[0]
-        if len({a.get("model_path") for _, a in infos}) > 1:
-            log.warning("SGLang servers serve different models: %s", [a.get("model_path") for _, a in infos])
-        for _, answer in infos:
-            self._versions.to_int(answer.get("weight_version"))
-        served, kv_limit = await self._served_context(server)
-        reported = [first.get("model_path"), first.get("tokenizer_path")]
-        self._info = await resolve_model_info(reported, self.cfg.model, served, kv_limit)
-
-    async def _model_info(self, server: Server) -> dict[str, Any] | None:
-        """`GET /model_info`, or `/get_model_info` on servers older than 0.5; None when down."""
-        try:
-            for path in ("/model_info", "/get_model_info"):
-                url = server.url + path
-                with http_errors(url):
-                    async with self._http.get(url) as response:
-                        if response.status != 404:
-                            await raise_for_status(response)
-                            return answer_json(await response.read(), url)
-            raise ServerError(f"{server.url} has neither /model_info nor /get_model_info")
-        except (ServerError, EngineRequestError) as exc:
-            self.pool.mark_failed(server, str(exc))
-            return None
-
-    async def _served_context(self, server: Server) -> tuple[int | None, int | None]:
+    async def _served_context(self, server: Server, model: ServedModel) -> tuple[int | None, int | None]:
         """(context length, KV-cache token capacity) as the server reports them, if it does."""
         info: Any = None
         for path in ("/server_info", "/get_server_info"):
@@ -270,55 +209,17 @@ class SGLangEngine:
         kv_limit = _lookup(info, "max_total_num_tokens")
         return (context if isinstance(context, int) else None), (kv_limit if isinstance(kv_limit, int) else None)
 
-    def stream(
-        self,
-        input_ids: list[int],
-        params: SamplingParams,
-        *,
-        request_id: str,
-        affinity: str | None = None,
-        incremental: bool = True,
-    ) -> AsyncIterator[StreamDelta]:
-        payload = orjson.dumps(build_generate_request(input_ids, params, request_id, stream=incremental))
-        client = self._http
+    def _build_request(
+        self, input_ids: list[int], params: SamplingParams, request_id: str, *, stream: bool
+    ) -> dict[str, Any]:
+        return build_generate_request(input_ids, params, request_id, stream=stream)
 
-        async def open_stream(server: Server) -> AsyncIterator[StreamDelta]:
-            url = server.url + "/generate"
-            if not incremental:  # one JSON answer: cheaper than SSE when nobody watches tokens arrive
-                with http_errors(url):
-                    async with client.post(url, data=payload, headers=JSON_HEADERS) as response:
-                        await raise_for_status(response)
-                        body = answer_json(await response.read(), url)
-                yield parse_generate_body(body, self._versions, top_logprobs=params.top_logprobs)
-                return
-            decoder = StreamDecoder(self._versions, top_logprobs=params.top_logprobs)
-            with http_errors(url):
-                async with client.post(url, data=payload, headers=JSON_HEADERS) as response:
-                    await raise_for_status(response)
-                    done = False
-                    async for data in sse_data(response.content.iter_any()):
-                        if done:
-                            continue  # read to the end so the connection returns to the pool
-                        if data == "[DONE]":
-                            done = True
-                            continue
-                        delta = decoder.feed(decode_event(data, url))
-                        if delta is not None:
-                            yield delta
-            if not decoder.finished:
-                raise ServerError(f"{url} ended the stream without a finish reason")
-
-        return self.pool.stream(affinity, open_stream)
-
-    async def update_weights(self, path: str, version: int) -> None:
-        async with self._update_lock:
-            await self.pool.on_each_live(lambda s: self._update_server(s, path, version), "weight update")
+    def _new_decoder(self, top_logprobs: int) -> StreamDecoder:
+        return StreamDecoder(self._versions, top_logprobs=top_logprobs)
 
     async def _update_server(self, server: Server, path: str, version: int) -> None:
         if await self._server_version(server) >= version:
-            # Another proxy replica sharing this server loaded these weights already.
-            self._versions.set(str(version), version)
-            return
+            return  # another proxy replica sharing this server loaded these weights already
         await post_json(self._http, server.url + "/pause_generation", {"mode": "retract"})
         try:
             body = {"model_path": path, "weight_version": str(version), "abort_all_requests": False}
@@ -327,28 +228,14 @@ class SGLangEngine:
                 raise EngineRequestError(str(answer.get("message")))
         finally:
             await post_json(self._http, server.url + "/continue_generation", {})
-        self._versions.set(str(version), version)
 
     async def _server_version(self, server: Server) -> int:
         """The int-like weight version `server` reports; -1 when it reports none (or another label)."""
-        for path in ("/model_info", "/get_model_info"):
-            try:
-                answer = await get_json(self._http, server.url + path)
-            except (ServerError, EngineRequestError):
-                continue
-            label = answer.get("weight_version") if isinstance(answer, dict) else None
-            try:
-                return int(str(label))
-            except ValueError:
-                return -1
-        return -1
-
-    async def health(self) -> dict[str, Any]:
-        await self.pool.check_health(self._http)
-        return {"backend": "sglang", "version": self.version, "servers": self.pool.stats()}
-
-    async def stop(self) -> None:
-        """Close the connections; SGLang aborts the requests whose streams were closed."""
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        try:
+            label = (await self._model_info(server)).get("weight_version")
+        except (ServerError, EngineRequestError):
+            return -1
+        try:
+            return int(str(label))
+        except ValueError:
+            return -1

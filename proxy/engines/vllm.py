@@ -23,41 +23,11 @@ cached weights (vllm#32718).
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
-import orjson
-
-from proxy.config import EngineConfig
-from proxy.engines.base import (
-    EngineRequestError,
-    EngineUnavailable,
-    FinishReason,
-    ModelInfo,
-    SamplingParams,
-    StreamDelta,
-)
-from proxy.engines.pool import (
-    JSON_HEADERS,
-    Server,
-    ServerError,
-    ServerPool,
-    WeightVersions,
-    decode_event,
-    error_from_body,
-    get_json,
-    http_client,
-    http_errors,
-    post_json,
-    raise_for_status,
-    resolve_model_info,
-    sse_data,
-)
-
-log = logging.getLogger(__name__)
+from proxy.engines.base import EngineRequestError, FinishReason, SamplingParams, StreamDelta
+from proxy.engines.pool import Server, ServerError, WeightVersions, error_from_body, get_json, post_json
+from proxy.engines.remote import RemoteEngine, ServedModel, one_answer, sampling_fields
 
 TOKEN_ID_PREFIX = "token_id:"
 DEV_MODE_HINT = "vLLM's weight endpoints need the server started with VLLM_SERVER_DEV_MODE=1"
@@ -69,18 +39,12 @@ def build_completion_request(
     body: dict[str, Any] = {
         "prompt": list(input_ids),
         "max_tokens": params.max_new_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "top_k": params.top_k if params.top_k > 0 else -1,
-        "stop": list(params.stop),
-        "stop_token_ids": list(params.stop_token_ids),
-        "ignore_eos": params.ignore_eos,
+        **sampling_fields(params),
         "logprobs": params.top_logprobs,
         "return_tokens_as_token_ids": True,
         "return_token_ids": True,
         "return_weight_versions": True,
         "include_stop_str_in_output": True,
-        "skip_special_tokens": False,
         "n": 1,
         "stream": stream,
         "request_id": request_id,
@@ -178,64 +142,29 @@ def parse_completion_body(
 ) -> StreamDelta:
     """A non-streamed `/v1/completions` answer as one delta carrying the finish reason."""
     decoder = CompletionDecoder(versions or WeightVersions(), top_logprobs=top_logprobs)
-    delta = decoder.feed(body)
-    if delta is None or not decoder.finished:
-        raise ServerError(f"/v1/completions answered without a finish reason: {str(body)[:200]}")
-    return delta
+    return one_answer(decoder, body, "/v1/completions")
 
 
-class VLLMEngine:
+class VLLMEngine(RemoteEngine):
     """The `Engine` protocol over one or more vLLM OpenAI servers."""
 
-    def __init__(self, cfg: EngineConfig) -> None:
-        self.cfg = cfg
-        self.pool = ServerPool(cfg.urls, retries=cfg.retries, dead_after_s=cfg.retry_dead_after_s)
-        self._versions = WeightVersions()
-        self._client: aiohttp.ClientSession | None = None
-        self._info: ModelInfo | None = None
-        self._model: str | None = None  # the served model id requests name
-        self._update_lock = asyncio.Lock()
+    backend = "vllm"
+    label = "vLLM"
+    model_route = "/v1/models"
+    generate_route = "/v1/completions"
+    always_streams = True  # its per-token version spans come last
 
-    @property
-    def version(self) -> int:
-        return self._versions.current
-
-    @property
-    def info(self) -> ModelInfo:
-        if self._info is None:
-            raise EngineUnavailable("the vLLM engine is not started")
-        return self._info
-
-    @property
-    def _http(self) -> aiohttp.ClientSession:
-        if self._client is None:
-            raise EngineUnavailable("the vLLM engine is not started")
-        return self._client
-
-    async def start(self) -> None:
-        self._client = http_client(self.cfg.timeout_s)
-        cards = await asyncio.gather(*(self._model_card(s) for s in self.pool.servers))
-        found = [(s, c) for s, c in zip(self.pool.servers, cards, strict=True) if c is not None]
-        if not found:
-            raise EngineUnavailable("no vLLM server answered /v1/models: " + str(self.pool.stats()))
-        if len({c.get("root") for _, c in found}) > 1:
-            log.warning("vLLM servers serve different models: %s", [c.get("root") for _, c in found])
-        card = found[0][1]
-        self._model = card.get("id")
-        for server, _ in found:
-            self._versions.to_int(await self._weight_version(server))
-        served = card.get("max_model_len")
-        reported = [card.get("root"), card.get("id")]
-        self._info = await resolve_model_info(reported, self.cfg.model, served if isinstance(served, int) else None)
-
-    async def _model_card(self, server: Server) -> dict[str, Any] | None:
-        try:
-            answer = await get_json(self._http, server.url + "/v1/models")
-        except (ServerError, EngineRequestError) as exc:
-            self.pool.mark_failed(server, str(exc))
-            return None
+    async def _read_model(self, server: Server) -> ServedModel:
+        answer = await get_json(self._http, server.url + "/v1/models")
         data = answer.get("data") if isinstance(answer, dict) else None
-        return data[0] if data else {}
+        card = data[0] if data else {}
+        context = card.get("max_model_len")
+        return ServedModel(
+            names=(card.get("root"), card.get("id")),
+            weight_version=await self._weight_version(server),
+            served_id=card.get("id"),
+            context=context if isinstance(context, int) else None,
+        )
 
     async def _weight_version(self, server: Server) -> str | None:
         """`GET /weight_info` (dev mode only); None where the route is missing."""
@@ -245,42 +174,13 @@ class VLLMEngine:
             return None
         return answer.get("weight_version") if isinstance(answer, dict) else None
 
-    def stream(
-        self,
-        input_ids: list[int],
-        params: SamplingParams,
-        *,
-        request_id: str,
-        affinity: str | None = None,
-        incremental: bool = True,  # vLLM is always streamed: its per-token version spans come last
-    ) -> AsyncIterator[StreamDelta]:
-        payload = orjson.dumps(build_completion_request(input_ids, params, request_id, self._model))
-        client = self._http
+    def _build_request(
+        self, input_ids: list[int], params: SamplingParams, request_id: str, *, stream: bool
+    ) -> dict[str, Any]:
+        return build_completion_request(input_ids, params, request_id, self.model_id, stream=stream)
 
-        async def open_stream(server: Server) -> AsyncIterator[StreamDelta]:
-            decoder = CompletionDecoder(self._versions, top_logprobs=params.top_logprobs)
-            url = server.url + "/v1/completions"
-            with http_errors(url):
-                async with client.post(url, data=payload, headers=JSON_HEADERS) as response:
-                    await raise_for_status(response)
-                    done = False
-                    async for data in sse_data(response.content.iter_any()):
-                        if done:
-                            continue  # read to the end so the connection returns to the pool
-                        if data == "[DONE]":
-                            done = True
-                            continue
-                        delta = decoder.feed(decode_event(data, url))
-                        if delta is not None:
-                            yield delta
-            if not decoder.finished:
-                raise ServerError(f"{url} ended the stream without a finish reason")
-
-        return self.pool.stream(affinity, open_stream)
-
-    async def update_weights(self, path: str, version: int) -> None:
-        async with self._update_lock:
-            await self.pool.on_each_live(lambda s: self._update_server(s, path, version), "weight update")
+    def _new_decoder(self, top_logprobs: int) -> CompletionDecoder:
+        return CompletionDecoder(self._versions, top_logprobs=top_logprobs)
 
     async def _update_server(self, server: Server, path: str, version: int) -> None:
         base = server.url
@@ -297,14 +197,3 @@ class VLLMEngine:
             await post_json(self._http, base + "/update_weight_version", {"new_version": str(version)})
         finally:
             await post_json(self._http, base + "/resume")
-        self._versions.set(str(version), version)
-
-    async def health(self) -> dict[str, Any]:
-        await self.pool.check_health(self._http)
-        return {"backend": "vllm", "version": self.version, "servers": self.pool.stats()}
-
-    async def stop(self) -> None:
-        """Close the connections; vLLM aborts the requests whose streams were closed."""
-        if self._client is not None:
-            await self._client.close()
-            self._client = None

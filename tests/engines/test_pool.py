@@ -333,6 +333,8 @@ def canned_sglang(calls: list, model_dir: str, *, broken: bool = False) -> FastA
             return JSONResponse({"error": {"message": "scheduler crashed"}}, status_code=500)
         if not body["input_ids"]:
             return JSONResponse({"error": {"message": "input_ids is empty"}}, status_code=400)
+        if not body["stream"]:
+            return Response(chunk(5, {"type": "length"})[len("data: ") :], media_type="application/json")
 
         async def events():
             yield chunk(2, None)
@@ -452,6 +454,17 @@ def test_sglang_engine_end_to_end_drops_a_failing_server(model_dir):
 
             after = await generate(engine, [5], params, request_id="req-4", affinity="s1")
             assert after.versions == [1] * 5
+
+            # Nobody watches tokens arrive: one plain JSON answer, one delta.
+            deltas = [d async for d in engine.stream([6], params, request_id="req-5", incremental=False)]
+            assert good_calls[-1][1]["stream"] is False
+            assert [(d.token_ids, d.versions, d.finish_reason) for d in deltas] == [
+                ([i for i, _ in CANNED], [1] * 5, "length")
+            ]
+
+            # A server already serving this version (updated by another replica) is left alone.
+            await engine.update_weights("/ckpt/step-1", 1)
+            assert good_calls[-1][0] == "generate" and engine.version == 1
             await engine.stop()
 
         asyncio.run(scenario())
@@ -608,6 +621,8 @@ def test_vllm_engine_end_to_end(model_dir):
 
             after = await generate(engine, [4], params, request_id="req-2")
             assert after.versions == [2] * len(CANNED)
+            streamed = [d async for d in engine.stream([5], params, request_id="req-3", incremental=False)]
+            assert calls[-1][2]["stream"] is True and len(streamed) == 2  # vLLM is streamed regardless
             await engine.stop()
 
         asyncio.run(scenario())

@@ -1,6 +1,7 @@
-"""When the embedded engine's thread dies, the proxy says so in OpenAI's shape: a completion in
-flight and every later one get 503 with Retry-After, /health turns 503, and nothing is recorded
-for the completion that was not answered.
+"""When the embedded engine's step fails, the proxy says so in OpenAI's shape: the completion in
+flight gets 503 with Retry-After and nothing is recorded for it. A single fault restarts the
+engine (the next call is answered, /health counts the restart); a fault that keeps coming stops
+it, and then every later call and /health get 503, never a 500 or a hang.
 
 The server runs in this process (uvicorn on a free port, real SQLite, the real model) so the test
 can break the engine's step the way a real fault would: an exception inside the engine thread.
@@ -55,19 +56,46 @@ def _openai_error(response: httpx.Response) -> dict:
     return error
 
 
-def test_a_dead_engine_gives_503s_not_500s_and_records_nothing(server):
+BODY = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+def test_one_fault_fails_its_request_and_the_engine_restarts(server):
     url, engine, db = server
-    body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    assert httpx.post(url + "/v1/chat/completions", json=BODY, timeout=120).status_code == 200
+    step = engine._step
+
+    def once(*args, **kwargs):
+        engine._step = step  # the next step is healthy again
+        raise RuntimeError("injected engine fault")
+
+    engine._step = once
+    failed = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=120)
+    assert failed.status_code == 503, failed.text
+    assert "injected engine fault" in _openai_error(failed)["message"]
+    assert failed.headers["retry-after"]
+
+    health = httpx.get(url + "/health", timeout=30)
+    assert health.status_code == 200, health.text
+    assert health.json()["engine"]["restarts"] == 1
+    assert httpx.post(url + "/v1/chat/completions", json=BODY, timeout=120).status_code == 200
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select count(*) from completions").fetchone()[0] == 2, "only the answered calls"
+
+
+def test_a_fault_that_keeps_coming_stops_the_engine_with_503s_not_500s(server):
+    url, engine, db = server
+    body = BODY
     assert httpx.post(url + "/v1/chat/completions", json=body, timeout=120).status_code == 200
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected engine fault")
 
-    engine._fused_step = engine._admit = engine._decode = broken  # the next step raises in the engine thread
-    first = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
-    assert first.status_code == 503, first.text
+    engine._step = broken  # every step raises in the engine thread
+    for _ in range(8):  # past the engine's limit of faults a minute
+        first = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+        assert first.status_code == 503, first.text
+        assert first.headers["retry-after"]
     assert "injected engine fault" in _openai_error(first)["message"]
-    assert first.headers["retry-after"]
 
     health = httpx.get(url + "/health", timeout=30)
     assert health.status_code == 503, health.text

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ sys.path.insert(0, str(REPO / "examples" / "arithmetic"))
 from evaluate import evaluate  # noqa: E402
 
 from proxy.config import DEVICES  # noqa: E402
+from trainer.launch.processes import start_process  # noqa: E402
 
 SKIP = ("trainer.pt", "trainer_state.json")  # optimizer state is not needed to evaluate
 
@@ -65,20 +65,12 @@ def plot(metrics: list[dict], evals: list[dict], out: Path, where: str) -> None:
             for i in range(len(steps))
         ]
         ax.plot(xs, ys, label="train reward (T=1, 5-step mean)", color="tab:blue")
-    ax.plot(
-        [e["minute"] for e in evals],
-        [e["sampled"] for e in evals],
-        "o-",
-        color="tab:red",
-        label="held-out accuracy, sampled T=1",
-    )
-    ax.plot(
-        [e["minute"] for e in evals],
-        [e["greedy"] for e in evals],
-        "s--",
-        color="tab:green",
-        label="held-out accuracy, greedy",
-    )
+    minutes = [e["minute"] for e in evals]
+    for key, style, color, label in (
+        ("sampled", "o-", "tab:red", "held-out accuracy, sampled T=1"),
+        ("greedy", "s--", "tab:green", "held-out accuracy, greedy"),
+    ):
+        ax.plot(minutes, [e[key] for e in evals], style, color=color, label=label)
     ax.set_xlabel(f"minutes of training ({where})")
     ax.set_ylabel("accuracy / reward")
     ax.set_ylim(0, 1)
@@ -132,11 +124,8 @@ def main() -> None:
     ]
     for o in args.overrides:
         cmd += ["--set", o]
-    log = open(run_dir / "train.out", "w")  # noqa: SIM115
     started = time.time()
-    proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-    )
+    proc = start_process(cmd, run_dir / "train.out", cwd=REPO, env={"HF_HUB_OFFLINE": "1"})
     taken = []
     next_snap = args.snapshot_minutes
     while (elapsed := (time.time() - started) / 60) < args.minutes and proc.poll() is None:

@@ -15,9 +15,7 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,27 +24,9 @@ from pathlib import Path
 import aiohttp
 import httpx
 
+from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{url} exited {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise SystemExit(f"{url} not ready")
 
 
 def body(i: int) -> dict:
@@ -104,49 +84,29 @@ def main() -> None:
     os.sched_setaffinity(0, {1}) if hasattr(os, "sched_setaffinity") and os.cpu_count() > 1 else None
     tmp = Path(tempfile.mkdtemp(prefix="areal-overhead-"))
     engine_port, proxy_port = free_port(), free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    engine = subprocess.Popen(
-        [*pin(1), sys.executable, str(REPO / "benchmarks/instant_engine.py"), "--port", str(engine_port)], env=env
-    )
+    engine_url, proxy_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{proxy_port}"
+    env = {"HF_HUB_OFFLINE": "1"}
     db = args.db or f"sqlite:///{tmp}/areal.db"
-    wait(f"http://127.0.0.1:{engine_port}", engine)
-    proxy = subprocess.Popen(
-        [
-            *pin(0),
-            sys.executable,
-            "-m",
-            "proxy.cli",
-            "serve",
-            "--port",
-            str(proxy_port),
-            "--db",
-            db,
-            "--set",
-            "engine.backend=sglang",
-            "--set",
-            f'engine.urls=["http://127.0.0.1:{engine_port}"]',
-            "--set",
-            "proxy.log_level=warning",
-        ],
-        env=env,
-        cwd=tmp,
-        stdout=subprocess.DEVNULL,
-    )
+    engine_argv = [*pin(1), sys.executable, str(REPO / "benchmarks/instant_engine.py"), "--port", str(engine_port)]
+    proxy_argv = [*pin(0), sys.executable, "-m", "proxy.cli", "serve", "--port", str(proxy_port), "--db", db]
+    proxy_argv += ["--set", "engine.backend=sglang", "--set", f'engine.urls=["{engine_url}"]']
+    proxy_argv += ["--set", "proxy.log_level=warning"]
+    engine = start_process(engine_argv, tmp / "engine.log", env=env)
+    proxy = None
     try:
-        wait(f"http://127.0.0.1:{engine_port}", engine)
-        wait(f"http://127.0.0.1:{proxy_port}", proxy)
-        direct = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
-        through = f"http://127.0.0.1:{proxy_port}/v1/chat/completions"
+        wait_healthy(engine_url, engine, timeout=300, log_path=tmp / "engine.log")
+        proxy = start_process(proxy_argv, tmp / "proxy.log", cwd=tmp, env=env)
+        wait_healthy(proxy_url, proxy, timeout=300, log_path=tmp / "proxy.log")
+        direct = f"{engine_url}/v1/chat/completions"
+        through = f"{proxy_url}/v1/chat/completions"
         seq_direct = asyncio.run(sequential(direct, args.requests))
         seq_proxy = asyncio.run(sequential(through, args.requests))
         rps_direct, con_direct = asyncio.run(concurrent(direct, args.requests * 2, args.concurrency))
         rps_proxy, con_proxy = asyncio.run(concurrent(through, args.requests * 2, args.concurrency))
-        recorded = httpx.get(f"http://127.0.0.1:{proxy_port}/sessions?limit=1", timeout=30).json()["total"]
+        recorded = httpx.get(f"{proxy_url}/sessions?limit=1", timeout=30).json()["total"]
     finally:
-        proxy.terminate()
-        engine.terminate()
-        proxy.wait(30)
-        engine.wait(30)
+        stop_process(proxy, 30)
+        stop_process(engine, 30)
     result = {
         "sequential_direct_p50_ms": round(pct(seq_direct, 0.5), 3),
         "sequential_proxy_p50_ms": round(pct(seq_proxy, 0.5), 3),

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ from adapters.tasks import load_tasks  # noqa: E402
 from proxy.config import EngineConfig, load_config  # noqa: E402
 from proxy.engines.base import SamplingParams  # noqa: E402
 from proxy.engines.local import LocalEngine  # noqa: E402
-from trainer.launch.local import _free_port, wait_healthy  # noqa: E402
+from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy  # noqa: E402
 
 
 async def engine_rate(fast_path: str, dtype: str, concurrency: int, episodes: int) -> dict:
@@ -89,27 +88,21 @@ def served_rate(fast_path: str, dtype: str, seconds: float, concurrency: int) ->
                 f"rollout.concurrency={concurrency}",
             ],
         )
-        cfg.proxy.port = _free_port()
+        cfg.proxy.port = free_port()
         config = Path(tmp) / "config.json"
         config.write_text(json.dumps(cfg.model_dump(mode="json")))
-        env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
+        env = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
         log = Path(tmp) / "proxy.log"
-        with open(log, "w") as out:
-            proxy = subprocess.Popen(
-                [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=REPO,
-            )
+        proxy = start_process(
+            [sys.executable, "-m", "proxy.cli", "serve", "--config", str(config)], log, cwd=REPO, env=env
+        )
         try:
             url = f"http://127.0.0.1:{cfg.proxy.port}"
-            wait_healthy(url, proxy, log)
+            wait_healthy(url, proxy, timeout=600, log_path=log)
             runner = EpisodeRunner(cfg.rollout, url, load_tasks(cfg.rollout.dataset, "train", 0))
             return asyncio.run(_drive(runner, seconds))
         finally:
-            proxy.terminate()
-            proxy.wait(60)
+            stop_process(proxy, 60)
 
 
 def main() -> None:

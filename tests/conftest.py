@@ -11,16 +11,17 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+
+from trainer.launch.processes import free_port, log_tail, start_process, stop_process, wait_healthy
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -47,12 +48,6 @@ def tiny_llama(**overrides: object):
         **overrides,
     }
     return LlamaForCausalLM(LlamaConfig(**config))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def reuse_after_idle(url: str, idle_s: float) -> None:
@@ -115,41 +110,37 @@ class Server:
         return r.json()
 
     def tail(self, n: int = 4000) -> str:
-        return self.log.read_text()[-n:] if self.log.exists() else ""
+        return log_tail(self.log, n)
 
 
-def _wait_healthy(server: Server, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"areal-proxy exited with {server.process.returncode}:\n{server.tail()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.3)
-    raise RuntimeError(f"areal-proxy did not become healthy:\n{server.tail()}")
+@contextlib.contextmanager
+def cli_process(
+    tmp: Path,
+    command: str,
+    *args: str,
+    timeout: float = 240,
+    env: dict[str, str] | None = None,
+    ready: Callable[[httpx.Response], bool] | None = None,
+) -> Iterator[tuple[str, subprocess.Popen, Path]]:
+    """`areal-proxy COMMAND --port PORT ARGS` run in `tmp`: yields (url, process, log) once healthy, stops it after."""
+    port = free_port()
+    log = tmp / f"{command}-{port}.log"
+    argv = [sys.executable, "-m", "proxy.cli", command, "--port", str(port), *args]
+    proc = start_process(argv, log, cwd=tmp, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, timeout=timeout, log_path=log, ready=ready)
+        yield url, proc, log
+    finally:
+        stop_process(proc, 20)
 
 
 @contextlib.contextmanager
 def run_server(tmp: Path, db_url: str, *args: str, admin_key: str = "", env: dict | None = None) -> Iterator[Server]:
-    port = free_port()
-    log = tmp / f"proxy-{port}.log"
-    cmd = [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--db", db_url, *args]
-    if admin_key:
-        cmd += ["--admin-key", admin_key]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    server = Server(url=f"http://127.0.0.1:{port}", db_url=db_url, process=proc, log=log, admin_key=admin_key)
-    try:
-        _wait_healthy(server)
-        yield server
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    """`areal-proxy serve` on `db_url` with extra `args`, on a free port."""
+    key = ["--admin-key", admin_key] if admin_key else []
+    with cli_process(tmp, "serve", "--db", db_url, *args, *key, env=env) as (url, proc, log):
+        yield Server(url=url, db_url=db_url, process=proc, log=log, admin_key=admin_key)
 
 
 def pg_available() -> bool:

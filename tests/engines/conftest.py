@@ -7,11 +7,8 @@ proxy and the test process.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import cli_process
+from trainer.launch.processes import log_tail
 
 
 @dataclass
@@ -44,38 +42,14 @@ class EngineProcess:
         self.process.wait()
 
     def tail(self, n: int = 4000) -> str:
-        return self.log.read_text()[-n:] if self.log.exists() else ""
+        return log_tail(self.log, n)
 
 
 @contextlib.contextmanager
 def run_engine(tmp: Path, *args: str, threads: int = 1) -> Iterator[EngineProcess]:
     """`areal-proxy engine` on a free port; yields once `/health` answers (the model is loaded)."""
-    port = free_port()
-    log = tmp / f"engine-{port}.log"
-    cmd = [sys.executable, "-m", "proxy.cli", "engine", "--port", str(port), "--set", f"engine.threads={threads}"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen([*cmd, *args], cwd=tmp, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
-    engine = EngineProcess(url=f"http://127.0.0.1:{port}", process=proc, log=log)
-    try:
-        deadline = time.time() + 240
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"areal-proxy engine exited with {proc.returncode}:\n{engine.tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(engine.url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.time() > deadline:
-                raise RuntimeError(f"areal-proxy engine did not become healthy:\n{engine.tail()}")
-            time.sleep(0.3)
-        yield engine
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with cli_process(tmp, "engine", "--set", f"engine.threads={threads}", *args) as (url, proc, log):
+        yield EngineProcess(url=url, process=proc, log=log)
 
 
 @pytest.fixture(scope="session")

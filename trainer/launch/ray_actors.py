@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from trainer.launch.processes import stop_process
+from trainer.launch.processes import free_port, stop_process
 
 LOG_CHUNK = 1 << 20
 
@@ -37,12 +36,6 @@ def node_ip() -> str:
     import ray
 
     return ray.util.get_node_ip_address()
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:

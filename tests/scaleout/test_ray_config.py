@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import ConfigError, load_config
-from trainer.launch.ray import check_config, prepare, resources
+from trainer.launch.ray import check_config, check_resources, local_cluster_cpus, prepare, resources
 
 PG = ["store.url=postgresql+psycopg://postgres@127.0.0.1/areal"]
 
@@ -39,3 +39,43 @@ def test_prepare_makes_paths_absolute_and_weights_shared(tmp_path: Path):
     assert cfg.rollout.dataset == f"{tmp_path}/tasks.jsonl"
     assert cfg.rewards.modules == [f"{tmp_path}/agent.py", "rewards.builtins"]
     assert cfg.trainer.weights_dir == str(run_dir / "weights") and cfg.proxy.admission
+
+
+def test_a_run_the_cluster_can_never_place_is_refused_with_both_figures():
+    cfg = load_config(None, PG)  # the defaults: front 0.5 + 2 replicas + trainer + runner = 4.5 CPUs
+    with pytest.raises(ConfigError, match=r"asks for 4\.5 CPUs .* the Ray cluster has 2\b.*ray\.proxy_cpus"):
+        check_resources(cfg, {"CPU": 2.0}, [{"CPU": 2.0}])
+    check_resources(cfg, {"CPU": 8.0}, [{"CPU": 4.0}, {"CPU": 4.0}])  # enough in all, each part fits a node
+    big = load_config(None, [*PG, "trainer.device=cuda", "ray.trainer_gpus=2"])
+    with pytest.raises(ConfigError, match=r"trainer asks for 2 GPUs but no node .* more than 1"):
+        check_resources(big, {"CPU": 16.0, "GPU": 2.0}, [{"CPU": 8.0, "GPU": 1.0}, {"CPU": 8.0, "GPU": 1.0}])
+
+
+def test_a_local_cluster_is_sized_to_fit_the_run():
+    cfg = load_config(None, PG)
+    assert local_cluster_cpus(cfg) >= 5  # 4.5 asked, whatever this machine's core count
+    assert local_cluster_cpus(load_config(None, [*PG, "ray.local_cpus=3"])) == 3
+
+
+@pytest.mark.postgres
+def test_the_launcher_fails_within_seconds_when_the_cluster_is_too_small(tmp_path):
+    """Tried as a new user would: the defaults on a cluster that is too small waited the whole
+    900 s start timeout before failing. Now the refusal comes before any component starts."""
+    pytest.importorskip("ray")
+    import subprocess
+    import sys
+    import time
+
+    config = tmp_path / "config.toml"
+    db = PG[0].split("=", 1)[1]
+    config.write_text(f'[store]\nurl = "{db}"\n[trainer]\nrun_dir = "{tmp_path}/run"\n[ray]\nlocal_cpus = 2\n')
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "train", str(config), "--launcher", "ray"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "asks for 4.5 CPUs" in out.stdout and "has 2" in out.stdout, out.stdout[-2000:]
+    assert time.monotonic() - started < 120

@@ -12,6 +12,7 @@ SQLite is refused before anything starts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -200,3 +201,45 @@ def test_ray_run_survives_a_killed_replica(tmp_path):
         launcher_log = (run_dir / "logs" / "launcher.log").read_text()
         assert "proxy-1 exited with -9" in launcher_log and "proxy-1 restarted" in launcher_log
         assert (run_dir / "proxy-1.pid").read_text().split()[1] != pid
+
+
+@pytest.mark.postgres
+def test_sigterm_while_starting_stops_the_launcher_and_its_local_cluster(tmp_path):
+    """The launcher used to wait out its 900 s start timeout whatever signal it got while
+    components were starting; now SIGTERM stops it, its components and the local Ray cluster."""
+    pytest.importorskip("ray")
+    import psutil
+
+    run_dir = tmp_path / "run"
+    with fresh_pg_database() as db_url:
+        config = write_config(tmp_path, db_url, max_steps=3)
+        before = {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in ("raylet", "gcs_server")}
+        proc = train(config)
+        deadline = time.time() + 300
+        launcher_log = run_dir / "logs" / "launcher.log"
+        while time.time() < deadline and proc.poll() is None:
+            if launcher_log.exists() and "starting" in launcher_log.read_text():
+                break  # components are being started: the launcher waits on their health checks
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[0][-4000:]
+        started = [int(p.read_text().split()[1]) for p in run_dir.glob("*.pid")]
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode != 0, out[-3000:]
+        assert time.monotonic() - signalled < 30, "stopped at once, not after the components finished starting"
+
+        def running(pids: set[int]) -> set[int]:
+            alive = set()
+            for pid in pids:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                        alive.add(pid)
+            return alive
+
+        deadline = time.time() + 30
+        while running(set(started)) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not running(set(started)), "component processes still running"
+        ray_left = {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in ("raylet", "gcs_server")}
+        assert not running(ray_left - before), f"the local Ray cluster is still running: {ray_left - before}"

@@ -11,12 +11,20 @@ with its node stops the run), and appends what each component logged to `run_dir
 the trainer writes `metrics.jsonl`, checkpoints and its audit log into `run_dir`, which must
 be on a filesystem every node shares when the cluster has several. The run ends as the local
 launcher's does, and running the same command again resumes it.
+
+Before anything starts, what the run asks of the cluster (each component's CPUs, GPUs, NPUs)
+is checked against what the cluster has: a run that could never be placed fails within
+seconds, naming both figures and the settings to change. A local cluster (no address) is
+started with at least as many logical CPUs as the run asks for, so the defaults fit any
+machine (the components then share its cores). SIGINT or SIGTERM stops the run, also while
+it is still starting, and with it a local cluster the launcher started.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -56,6 +64,62 @@ def check_config(cfg: Config) -> None:
             raise ConfigError(f"the {what} run on cuda but get no GPU: set the ray *_gpus field for them")
         if used and device == "npu" and npus <= 0:
             raise ConfigError(f"the {what} run on npu but get no NPU: set the ray *_npus field for them")
+
+
+def demand(cfg: Config) -> dict[str, list[tuple[str, float]]]:
+    """What each component asks of the cluster, by resource: {"CPU": [(who, amount), ...], ...}."""
+    r = cfg.ray
+    asks = [("front", r.front_cpus, 0.0, 0.0)]
+    asks += [(f"engine server {i}", r.engine_cpus, r.engine_gpus, r.engine_npus) for i in range(r.engine_servers)]
+    asks += [(f"proxy replica {i}", r.proxy_cpus, r.proxy_gpus, r.proxy_npus) for i in range(r.proxy_replicas)]
+    asks += [("trainer", r.trainer_cpus, r.trainer_gpus, r.trainer_npus)]
+    asks += [(f"runner {i}", r.runner_cpus, 0.0, 0.0) for i in range(r.runners)]
+    out: dict[str, list[tuple[str, float]]] = {"CPU": [], "GPU": [], "NPU": []}
+    for who, *amounts in asks:
+        for resource, amount in zip(out, amounts):
+            if amount > 0:
+                out[resource].append((who, amount))
+    return out
+
+
+_SETTINGS = {
+    "CPU": "ray.front_cpus, ray.engine_cpus, ray.proxy_cpus, ray.trainer_cpus, ray.runner_cpus",
+    "GPU": "ray.engine_gpus, ray.proxy_gpus, ray.trainer_gpus",
+    "NPU": "ray.engine_npus, ray.proxy_npus, ray.trainer_npus",
+}
+
+
+def check_resources(cfg: Config, total: dict[str, float], nodes: list[dict[str, float]]) -> None:
+    """Refuse a run the cluster can never place: more of a resource than the whole cluster has,
+    or one component larger than every node. (A cluster that is only busy is waited for.)"""
+    r = cfg.ray
+    counts = f"{r.engine_servers} engine servers, {r.proxy_replicas} proxy replicas, {r.runners} runners"
+    for resource, asks in demand(cfg).items():
+        need = sum(amount for _, amount in asks)
+        have = float(total.get(resource, 0.0))
+        if need > have + 1e-9:
+            detail = ", ".join(f"{who} {amount:g}" for who, amount in asks)
+            raise ConfigError(
+                f"the run asks for {need:g} {resource}s ({detail}) but the Ray cluster has {have:g}. "
+                f"Lower {_SETTINGS[resource]} or the component counts ({counts}), add nodes"
+                + (", or raise ray.local_cpus (0 sizes a local cluster to the run)" if resource == "CPU" else "")
+            )
+        largest = max((n.get(resource, 0.0) for n in nodes), default=0.0)
+        for who, amount in asks:
+            if amount > largest + 1e-9:
+                raise ConfigError(
+                    f"the {who} asks for {amount:g} {resource}s but no node of the Ray cluster has more than "
+                    f"{largest:g}; lower it ({_SETTINGS[resource]})"
+                )
+
+
+def local_cluster_cpus(cfg: Config) -> int:
+    """Logical CPUs of a local cluster: ray.local_cpus, or (0) enough for the run and at least the
+    machine's cores, so the default settings can always be placed."""
+    if cfg.ray.local_cpus:
+        return cfg.ray.local_cpus
+    need = sum(amount for _, amount in demand(cfg)["CPU"])
+    return max(os.cpu_count() or 1, math.ceil(need))
 
 
 def _absolute(spec: str, cwd: Path) -> str:
@@ -410,31 +474,51 @@ def launch(cfg: Config, config_path: str | None, address: str | None) -> int:
     address = address or cfg.ray.address or None
     options: dict[str, Any] = {"log_to_driver": False}
     if address is None:
-        options.update(include_dashboard=False, num_cpus=cfg.ray.local_cpus or None)
-    ray.init(address=address, **options)
+        options.update(include_dashboard=False, num_cpus=local_cluster_cpus(cfg))
     stop = threading.Event()
+    supervising = threading.Event()
 
     def on_signal(*_: Any) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting (the teardown still runs)
+        if stop.is_set() or not supervising.is_set():
+            raise KeyboardInterrupt  # while starting, or a second Ctrl-C: stop waiting (the teardown still runs)
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    cluster = Cluster(cfg, run_dir, cwd, console)
-    code = 1
+    cluster: Cluster | None = None
+    code, trainer_code = 1, None
     try:
+        ray.init(address=address, **options)
+        alive = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+        check_resources(cfg, ray.cluster_resources(), alive)
+        cluster = Cluster(cfg, run_dir, cwd, console)
         interrupted = ray.get(ray.remote(num_cpus=0)(_close_interrupted).remote(cfg.model_dump(mode="json")))
         if interrupted:
             cluster.say(f"closed {interrupted} sessions left open by an interrupted run")
         _bring_up(cluster)
+        supervising.set()
         code = _supervise(cluster, console, stop)
+    except ConfigError as exc:
+        console.print(f"areal-proxy: {exc}")
+        code = 2
+    except KeyboardInterrupt:
+        console.print("interrupted; stopping the run")
+        code = 130
     except (RuntimeError, ray.exceptions.RayError) as exc:
+        if cluster is None:
+            raise
         cluster.say(f"areal-proxy: {exc}")
     finally:
-        trainer_code = cluster.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-        ray.shutdown()
+        stop.set()
+        supervising.clear()  # a signal during the teardown cuts the graceful part short
+        try:
+            if cluster is not None:
+                trainer_code = cluster.stop()
+        except KeyboardInterrupt:
+            console.print("teardown interrupted; shutting Ray down")
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            ray.shutdown()  # a local cluster started by ray.init goes with it
     if code == 0 and trainer_code not in (0, None):
         code = trainer_code
     console.print(f"run finished (exit {code}); metrics: {run_dir / 'metrics.jsonl'}; logs: {run_dir / 'logs'}")

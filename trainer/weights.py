@@ -4,6 +4,9 @@ Weights go to `run_dir/weights/v{version}` as a Hugging Face directory (config +
 safetensors), the format the embedded engine, SGLang's `update_weights_from_disk`
 and vLLM's `reload_weights` all read. The proxy swaps them in between decode
 steps and bumps its version; only the newest two directories are kept.
+
+The folder is private: created 0700, and a folder another user owns is refused, since whoever
+can write it chooses the weights every engine loads (the shared-memory root is per user).
 """
 
 from __future__ import annotations
@@ -44,7 +47,22 @@ def _as(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 
-SHM_ROOT = Path("/dev/shm/areal-proxy")
+SHM_ROOT = Path(f"/dev/shm/areal-proxy-{os.getuid()}")
+
+
+def private_dir(path: Path) -> Path:
+    """`path` (and missing parents) as a folder only this user can read and write: created 0700,
+    tightened to 0700 if we own it, refused if another user owns it."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise PermissionError(
+            f"{path} belongs to uid {info.st_uid}, not to this user ({os.getuid()}): weights written there "
+            "could be replaced by its owner; set trainer.weights_dir to a folder of your own"
+        )
+    if info.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
 
 
 def default_weights_dir(run_dir: Path, local_engine: bool) -> Path:
@@ -83,7 +101,9 @@ class WeightSync:
     def push(self, model: Any, version: int) -> float:
         """Save and load `version`; returns the seconds it took."""
         started = time.perf_counter()
-        self.root.mkdir(parents=True, exist_ok=True)
+        if SHM_ROOT.resolve() in self.root.resolve().parents:
+            private_dir(SHM_ROOT)
+        private_dir(self.root)
         target = self.root / f"v{version:07d}"
         write_weights(model, target, self.dtype)
         for attempt in range(5):

@@ -3,7 +3,10 @@
 `ReplyBuilder` is fed token ids as the engine produces them and yields the text
 that can safely be streamed: it holds back an incomplete UTF-8 character, any
 tail that could still become a stop string or a `<tool_call>` tag, and trailing
-whitespace (dropped when a tool call follows). When generation ends, `finish()`
+whitespace (dropped when a tool call follows). Detokenization is incremental: each
+token decodes only a short window of the ids before it (for the spacing a token's
+neighbours decide), so a 4,000-token stream costs 4,000 small decodes, not 4,000
+decodes of a growing text. When generation ends, `finish()`
 returns the final message — the same one whether the client streamed or not, so
 the message the client echoes next turn matches the stored one exactly.
 
@@ -106,6 +109,8 @@ class ReplyBuilder:
         self.prefix = forced_prefix
         self.ids: list[int] = []
         self.text = forced_prefix  # decoded text so far (before stop trimming)
+        self._window = 0  # ids from here on are decoded together: context for the newest
+        self._read = 0  # ids before this are in `text`
         self.sent = 0  # chars of `text` already streamed as content
         self.stopped_at: int | None = None  # index in text where a stop string begins
         self.in_tool_section = bool(forced_prefix) and TOOL_CALL_OPEN in forced_prefix
@@ -115,15 +120,30 @@ class ReplyBuilder:
         if self.stopped_at is not None:
             return ""
         self.ids.extend(token_ids)
-        decoded = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if decoded.endswith("\ufffd"):
+        scanned = len(self.text)
+        if not self._decode_new():
             return ""  # an incomplete multi-byte character: wait for the next token
-        self.text = self.prefix + decoded
+        self._find_stops(scanned)
+        return self._streamable()
+
+    def _find_stops(self, scanned: int) -> None:
+        """Look for stop strings in what `text` gained past `scanned` (and across that border)."""
         for s in self.stop:
-            at = self.text.find(s, max(0, self.sent - len(s)))
+            at = self.text.find(s, max(0, scanned - len(s) + 1))
             if at >= 0 and (self.stopped_at is None or at < self.stopped_at):
                 self.stopped_at = at
-        return self._streamable()
+
+    def _decode_new(self, final: bool = False) -> bool:
+        """Append the text of ids not yet decoded; False while it ends in an incomplete character
+        (unless `final`). Decoding [window:] against [window:read] gives the new ids' text with
+        the spacing their predecessors imply; the concatenation equals decoding every id at once."""
+        before = self.tokenizer.decode(self.ids[self._window : self._read], skip_special_tokens=True)
+        after = self.tokenizer.decode(self.ids[self._window :], skip_special_tokens=True)
+        if not final and (len(after) <= len(before) or after.endswith("\ufffd")):
+            return False
+        self.text += after[len(before) :]
+        self._window, self._read = self._read, len(self.ids)
+        return True
 
     def _visible(self) -> str:
         return self.text if self.stopped_at is None else self.text[: self.stopped_at]
@@ -149,6 +169,10 @@ class ReplyBuilder:
 
     def finish(self, finish_reason: str) -> tuple[str, Reply]:
         """Flush at the end of generation: (last content delta, final reply)."""
+        if self.stopped_at is None and self._read < len(self.ids):
+            scanned = len(self.text)
+            self._decode_new(final=True)  # held back waiting for a character that never completed
+            self._find_stops(scanned)
         visible = self._visible()
         content, calls = parse_tool_calls(visible, self.tool_names)
         if calls:

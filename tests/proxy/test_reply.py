@@ -80,3 +80,38 @@ def test_streamed_content_equals_final_message(tokenizer, text, stop, tools):
         assert stop[0] not in (reply.content or "") and reply.finish_reason == "stop"
     if reply.tool_calls:
         assert reply.finish_reason == "tool_calls" and reply.content == "Let me check."
+
+
+def test_incremental_text_equals_one_decode_of_every_id(tokenizer):
+    """Any ids, fed one at a time (invalid UTF-8 sequences included), give the text one decode gives."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(300):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 40))]
+        builder = ReplyBuilder(tokenizer)
+        streamed = "".join(builder.feed([t]) for t in ids)
+        rest, reply = builder.finish("length")
+        assert streamed + rest == reply.content == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_a_long_stream_decodes_each_token_once_not_the_whole_text(tokenizer):
+    """4,000 tokens streamed: the decoded length summed over every decode call stays linear in the
+    output (it was quadratic: the whole text decoded again for each token)."""
+    ids = tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 400, add_special_tokens=False)[:4000]
+    decoded_ids = 0
+    real = tokenizer.decode
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def decode(self, token_ids, **kw):
+            nonlocal decoded_ids
+            decoded_ids += len(token_ids)
+            return real(token_ids, **kw)
+
+    builder = ReplyBuilder(Counting(), stop=["never appears"])
+    text = "".join(builder.feed([t]) for t in ids) + builder.finish("length")[0]
+    assert text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert decoded_ids < 10 * len(ids), decoded_ids  # a full decode per token would be ~8,000,000

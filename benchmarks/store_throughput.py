@@ -2,7 +2,7 @@
 
 Each writer process stands for one proxy replica: one `Database` with its group-commit writer
 and `--concurrency` calls in flight, each recording one completion exactly as a model call
-does — `proxy.completions._insert_turn` with the row `CompletionService.record` builds (~100
+does — `proxy.store.turns.record_turn` with the row `CompletionService.record` builds (~100
 prompt and ~100 output token ids as int32 blobs, float32 logprobs, per-token versions, the
 request and reply as JSON) and its session's counters — continuing the chain of its session.
 SQLite is one file shared by all writers (WAL, synchronous=FULL; each commit takes the write
@@ -27,18 +27,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.completions import _insert_turn  # noqa: E402
 from proxy.config import StoreConfig  # noqa: E402
-from proxy.sessions import auto_session_row  # noqa: E402
 from proxy.store.db import Database  # noqa: E402
-from proxy.store.schema import sessions  # noqa: E402
+from proxy.store.sessions import auto_session_row, insert_sessions  # noqa: E402
 from proxy.store.tokens import pack_floats, pack_ints  # noqa: E402
+from proxy.store.turns import record_turn  # noqa: E402
 
 TOKENS = 100
 
@@ -80,9 +78,10 @@ async def _record_loop(db: Database, session_id: str, deadline: float, latencies
     parent, depth, done = None, 0, 0
     while time.time() < deadline:
         row = completion_row(session_id, parent, depth, rng)
-        turn = SimpleNamespace(session_id=session_id, new_auto_session=False)
         started = time.perf_counter()
-        await db.write(lambda conn, turn=turn, row=row: _insert_turn(conn, turn, [row], time.time(), 0, 0))
+        await db.write(
+            lambda conn, row=row: record_turn(conn, session_id, [row], time.time(), (0, 0), new_auto_session=False)
+        )
         latencies.append(time.perf_counter() - started)
         parent, depth, done = row["id"], depth + 1, done + 1
     return done
@@ -92,11 +91,7 @@ def writer(url: str, concurrency: int, start_at: float, seconds: float, results:
     db = Database(StoreConfig(url=url, pool_size=4, max_overflow=4))
     session_ids = [f"sess_bench_{os.getpid()}_{i}" for i in range(concurrency)]
     now = time.time()
-    db.transaction(
-        lambda c: c.execute(
-            sessions.insert(), [{**auto_session_row(s, now), "auto": False, "key_hash": None} for s in session_ids]
-        )
-    )
+    db.transaction(lambda c: insert_sessions(c, [{**auto_session_row(s, now), "auto": False} for s in session_ids]))
     db.start_writer()
     latencies: list[float] = []
 

@@ -15,22 +15,11 @@ serializes its writers).
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, func, select, text
+from sqlalchemy import Connection
 
 from proxy.errors import APIError, too_many
 from proxy.store.db import Database
-from proxy.store.schema import sessions
-
-_PG_LOCK_ID = 0x41444D54  # "ADMT": held by one replica's count + insert at a time
-
-
-def unconsumed_count(conn: Connection) -> int:
-    query = (
-        select(func.count())
-        .select_from(sessions)
-        .where(sessions.c.status.in_(("open", "finished", "training")), sessions.c.auto.is_(False))
-    )
-    return int(conn.execute(query).scalar() or 0)
+from proxy.store.sessions import lock_admission, unconsumed_count
 
 
 class Admission:
@@ -41,8 +30,7 @@ class Admission:
 
     def check(self, conn: Connection, count: int) -> APIError | None:
         """Inside the creating transaction: None to admit `count` sessions, else the 429 to answer."""
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _PG_LOCK_ID})
+        lock_admission(conn)
         ahead = unconsumed_count(conn)
         if ahead + count > self.limit and not (ahead == 0 and count > self.limit):
             self.refused += 1

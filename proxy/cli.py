@@ -163,7 +163,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     cfg = _config(args, **{"store.url": args.db})
-    from rewards.export import export_file
+    from trainer.export import export_file
 
     count = export_file(cfg, args.out, args.style, args.status)
     print(f"wrote {count} {args.style} samples to {args.out}")

@@ -15,22 +15,28 @@ import time
 from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
 
-from sqlalchemy import case, or_
+from sqlalchemy import Connection
 
 from proxy.chat_request import ChatRequest
 from proxy.conversation import extend_hash, parent_candidates, prefix_hashes
-from proxy.engines.base import Engine, EngineRequestError, EngineUnavailable, GenerationResult, SamplingParams
-from proxy.errors import APIError, conflict, context_length, engine_unavailable
+from proxy.engines.base import (
+    Engine,
+    EngineRequestError,
+    EngineUnavailable,
+    GenerationResult,
+    InvalidSampling,
+    SamplingParams,
+)
+from proxy.errors import APIError, conflict, context_length, engine_unavailable, invalid_request
 from proxy.render import ParentTokens, Prompt, Renderer
 from proxy.reply import Reply, ReplyBuilder
 from proxy.seeds import derive_seed
-from proxy.sessions import Caller, SessionInfo, SessionService, auto_session_row, new_session_id
+from proxy.sessions import Caller, SessionInfo, SessionService, new_session_id
 from proxy.store.db import Database
-from proxy.store.schema import completions, sessions
 from proxy.store.tokens import pack_floats, pack_ints
 from proxy.store.tree import Node, NodeCache, find_parent
+from proxy.store.turns import record_turn
 
 
 @dataclass
@@ -148,7 +154,8 @@ class CompletionService:
     async def _choice(self, turn: Turn, index: int, out: asyncio.Queue) -> ChoiceResult:
         params = turn.params
         if params.seed is not None and index:
-            params = SamplingParams(**{**params.__dict__, "seed": params.seed + index})
+            seed = params.seed + index  # choice i of a seeded request: seed + i, wrapped into a generator's range
+            params = SamplingParams(**{**params.__dict__, "seed": seed - 2**64 if seed >= 2**64 else seed})
         request = turn.request
         builder = ReplyBuilder(self.renderer.tokenizer, request.stop, request.tool_names, request.forced_prefix())
         result = GenerationResult()
@@ -167,6 +174,8 @@ class CompletionService:
                     await out.put(ChoiceDelta(index, text, delta.token_ids, delta.logprobs, delta.top_logprobs))
         except EngineUnavailable as exc:
             raise engine_unavailable(f"the inference engine is unavailable: {exc}") from None
+        except InvalidSampling as exc:
+            raise invalid_request(str(exc), exc.param) from None
         except EngineRequestError as exc:
             raise context_length(str(exc)) from None
         if result.finish_reason == "abort":
@@ -261,9 +270,9 @@ class CompletionService:
                     ),
                 )
             )
-        lo, hi = (min(versions), max(versions)) if versions else (None, None)
+        span = (min(versions), max(versions)) if versions else None
         try:
-            await self.db.write(lambda conn: _insert_turn(conn, turn, rows, now, lo, hi))
+            await self.db.write(lambda conn: _insert_turn(conn, turn, rows, now, span))
         except APIError:
             self.sessions.forget(turn.session_id)  # closed elsewhere (another replica): the cache was stale
             raise
@@ -271,25 +280,10 @@ class CompletionService:
             self.nodes.put(chain_hash, node)
 
 
-def _insert_turn(conn: Any, turn: Turn, rows: list[dict], now: float, lo: int | None, hi: int | None) -> None:
-    if turn.new_auto_session:  # born with its first completions: one statement fewer
-        session = {**auto_session_row(turn.session_id, now), "num_completions": len(rows)}
-        conn.execute(sessions.insert(), [{**session, "min_version": lo, "max_version": hi}])
-        conn.execute(completions.insert(), rows)
-        return
-    conn.execute(completions.insert(), rows)
-    values: dict[str, Any] = {"num_completions": sessions.c.num_completions + len(rows), "updated_at": now}
-    if lo is not None:
-        values["min_version"] = case(
-            (sessions.c.min_version.is_(None), lo), (sessions.c.min_version > lo, lo), else_=sessions.c.min_version
-        )
-        values["max_version"] = case(
-            (sessions.c.max_version.is_(None), hi), (sessions.c.max_version < hi, hi), else_=sessions.c.max_version
-        )
-    # A named session takes completions only while open, whichever replica closed it meanwhile.
-    still_open = or_(sessions.c.status == "open", sessions.c.auto.is_(True))
-    done = conn.execute(sessions.update().where(sessions.c.id == turn.session_id, still_open).values(**values))
-    if done.rowcount == 0:
+def _insert_turn(conn: Connection, turn: Turn, rows: list[dict], now: float, versions: tuple[int, int] | None) -> None:
+    # A named session takes completions only while open, whichever replica closed it meanwhile;
+    # raising rolls this turn's rows back.
+    if not record_turn(conn, turn.session_id, rows, now, versions, new_auto_session=turn.new_auto_session):
         raise conflict(f"session {turn.session_id} was closed while this call ran; its answer is not recorded")
 
 

@@ -16,11 +16,12 @@ import dataclasses
 import time
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection
 
 from proxy.errors import conflict, invalid_request, not_found
-from proxy.store.schema import completions, sessions
+from proxy.store.sessions import close_session, get_session, touch_session
 from proxy.store.tree import full_messages, session_rows
+from proxy.store.turns import last_completion_id, set_rewards_and_returns, set_turn_reward, turn_rewards
 from rewards.builtins import resolve_reward
 from rewards.returns import tree_returns
 from rewards.scoring import Score, score, validate
@@ -61,21 +62,8 @@ def _number(body: dict[str, Any], name: str) -> float | None:
     return float(value)
 
 
-def last_completion_id(conn: Connection, session_id: str) -> str | None:
-    row = conn.execute(
-        select(completions.c.id)
-        .where(completions.c.session_id == session_id)
-        .order_by(completions.c.created_at.desc(), completions.c.choice_index, completions.c.id.desc())
-        .limit(1)
-    ).first()
-    return row.id if row else None
-
-
 def _locked_session(conn: Connection, session_id: str) -> Any:
-    query = select(sessions).where(sessions.c.id == session_id)
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update()
-    row = conn.execute(query).first()
+    row = get_session(conn, session_id, lock=True)
     if row is None:
         raise not_found(f"session {session_id!r} not found", "session_id")
     return row
@@ -105,15 +93,10 @@ class RewardService:
             target = completion_id or last_completion_id(conn, session_id)
             if target is None:
                 raise invalid_request(f"session {session_id} has no completions to reward", "completion_id")
-            done = conn.execute(
-                update(completions)
-                .where(completions.c.id == target, completions.c.session_id == session_id)
-                .values(reward=reward)
-            )
-            if done.rowcount == 0:
+            if not set_turn_reward(conn, session_id, target, reward):
                 raise not_found(f"completion {target!r} is not in session {session_id}", "completion_id")
             # A posted reward is activity: the idle sweeper must not close this session under it.
-            conn.execute(update(sessions).where(sessions.c.id == session_id).values(updated_at=time.time()))
+            touch_session(conn, session_id, time.time())
             return {"session_id": session_id, "completion_id": target, "reward": reward}
 
         return await self.db.write(op)
@@ -159,12 +142,7 @@ class RewardService:
             session = _locked_session(conn, session_id)
             if session.status != "open":
                 raise conflict(f"session {session_id} is already {session.status}")
-            now = time.time()
-            conn.execute(
-                update(sessions)
-                .where(sessions.c.id == session_id)
-                .values(status="failed", failure=reason, finished_at=now, updated_at=now)
-            )
+            close_session(conn, session_id, status="failed", failure=reason, now=time.time())
             return _summary(_locked_session(conn, session_id))
 
         outcome = await self.db.write(op)
@@ -194,17 +172,9 @@ class RewardService:
             raise conflict(f"session {session_id} was finished concurrently with {session.finish_spec}")
         now = time.time()
         if result.error is not None:
-            conn.execute(
-                update(sessions)
-                .where(sessions.c.id == session_id)
-                .values(status="failed", failure=result.error, finish_spec=spec, finished_at=now, updated_at=now)
-            )
+            close_session(conn, session_id, status="failed", failure=result.error, finish_spec=spec, now=now)
             return _summary(_locked_session(conn, session_id))
-        rows = conn.execute(
-            select(completions.c.id, completions.c.parent_id, completions.c.reward).where(
-                completions.c.session_id == session_id
-            )
-        ).all()
+        rows = turn_rewards(conn, session_id)
         raw = {r.id: r.reward for r in rows}
         if result.per_completion is not None:
             for cid, value in result.per_completion.items():
@@ -214,15 +184,8 @@ class RewardService:
             if last is not None:
                 raw[last] = (raw.get(last) or 0.0) + (result.total or 0.0)
         returns = tree_returns(((r.id, r.parent_id, raw[r.id]) for r in rows), self.cfg.discount, self.cfg.aggregate)
-        for r in rows:
-            conn.execute(
-                update(completions).where(completions.c.id == r.id).values(reward=raw[r.id], ret=returns[r.id])
-            )
-        conn.execute(
-            update(sessions)
-            .where(sessions.c.id == session_id)
-            .values(status="finished", reward=result.total, finish_spec=spec, finished_at=now, updated_at=now)
-        )
+        set_rewards_and_returns(conn, {r.id: (raw[r.id], returns[r.id]) for r in rows})
+        close_session(conn, session_id, status="finished", reward=result.total, finish_spec=spec, now=now)
         return _summary(_locked_session(conn, session_id))
 
 

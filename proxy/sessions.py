@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection
 
 from proxy.errors import APIError, conflict, forbidden, invalid_request, not_found, unauthorized
 from proxy.seeds import MAX_SEED, derive_seed
 from proxy.store.db import Database
-from proxy.store.schema import sessions
+from proxy.store.sessions import fail_idle_sessions, get_session, insert_sessions, session_by_key_hash
 
 
 def hash_key(key: str) -> str:
@@ -117,9 +117,7 @@ class SessionService:
         digest = hash_key(token)
         session_id = self._by_key.get(digest)
         if session_id is None:
-            row = await self.db.aread(
-                lambda c: c.execute(select(sessions).where(sessions.c.key_hash == digest)).first()
-            )
+            row = await self.db.aread(lambda c: session_by_key_hash(c, digest))
             if row is None:
                 return None
             self._remember(row)
@@ -130,7 +128,7 @@ class SessionService:
     async def get(self, session_id: str, *, fresh: bool = False) -> SessionInfo:
         info = None if fresh else self._by_id.get(session_id)
         if info is None:
-            row = await self.db.aread(lambda c: c.execute(select(sessions).where(sessions.c.id == session_id)).first())
+            row = await self.db.aread(lambda c: get_session(c, session_id))
             if row is None:
                 raise not_found(f"session {session_id!r} not found", "session_id")
             info = self._remember(row)
@@ -190,7 +188,7 @@ class SessionService:
                 "key_hash": hash_key(key),
                 "task_id": task_id,
                 "group_id": group_id,
-                "meta": metadata,
+                "metadata": metadata,
                 "status": "open",
                 "auto": False,
                 "reward_fn": reward_fn,
@@ -205,7 +203,7 @@ class SessionService:
         def insert(conn: Connection) -> APIError | None:
             if guard is not None and (refusal := guard(conn, count)) is not None:
                 return refusal  # returned, not raised: the rest of the group commit goes on
-            conn.execute(sessions.insert(), [_columns(row) for row, _ in made])
+            insert_sessions(conn, [row for row, _ in made])
             return None
 
         refusal = await self.db.write(insert)
@@ -228,47 +226,9 @@ class SessionService:
         return out
 
 
-def _columns(row: dict[str, Any]) -> dict[str, Any]:
-    """ORM attribute names → column names (`meta` is the `metadata` column)."""
-    out = dict(row)
-    if "meta" in out:
-        out["metadata"] = out.pop("meta")
-    return out
-
-
-def auto_session_row(session_id: str, now: float) -> dict[str, Any]:
-    return _columns(
-        {
-            "id": session_id,
-            "key_hash": None,
-            "task_id": None,
-            "group_id": None,
-            "meta": {},
-            "status": "open",
-            "auto": True,
-            "num_completions": 0,
-            "created_at": now,
-            "updated_at": now,
-        }
-    )
-
-
 def expire_open_sessions(conn: Connection, timeout_s: float, now: float) -> list[str]:
     """Close sessions idle past the timeout as failed; their completions are kept."""
-    cutoff = now - timeout_s
-    ids = [
-        r.id
-        for r in conn.execute(select(sessions.c.id).where(sessions.c.status == "open", sessions.c.updated_at < cutoff))
-    ]
-    if ids:
-        conn.execute(
-            update(sessions)
-            .where(sessions.c.id.in_(ids), sessions.c.status == "open")
-            .values(
-                status="failed", failure=f"timed out: no activity for {timeout_s:.0f}s", finished_at=now, updated_at=now
-            )
-        )
-    return ids
+    return fail_idle_sessions(conn, now - timeout_s, f"timed out: no activity for {timeout_s:.0f}s", now)
 
 
 def check_fields(body: dict[str, Any]) -> dict[str, Any]:

@@ -13,11 +13,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
-from sqlalchemy import select
 
 from proxy.config import Config
 from proxy.store.db import Database
-from proxy.store.schema import sessions
+from proxy.store.sessions import recent_sessions
 from proxy.store.tree import session_rows
 from proxy.tree_view import session_payload
 
@@ -28,10 +27,7 @@ def _when(ts: float | None) -> str:
 
 def list_sessions(cfg: Config, status: str | None, limit: int) -> int:
     db = Database(cfg.store)
-    query = select(sessions).order_by(sessions.c.created_at.desc()).limit(limit)
-    if status:
-        query = query.where(sessions.c.status == status)
-    rows = db.read(lambda c: c.execute(query).all())
+    rows = db.read(lambda c: recent_sessions(c, status, limit))
     table = Table("session", "status", "task", "group", "turns", "reward", "versions", "created", "failure")
     for r in rows:
         versions = "-" if r.min_version is None else f"{r.min_version}..{r.max_version}"

@@ -25,12 +25,12 @@ import torch
 from proxy.config import Config
 from proxy.runtime.devices import DTYPES, model_load_options, select_device, warn_if_emulated_bf16
 from proxy.runtime.model_files import resolve_model
+from proxy.store.claims import claim_batch, end_step, mark_skipped, release_after
 from proxy.store.db import Database
-from rewards.export import SessionSamples, load_samples
+from proxy.store.samples import SessionSamples, load_samples
 from trainer import checkpoint
 from trainer.advantages import ADVANTAGES, max_variance_subset
 from trainer.batch import build_samples, pack
-from trainer.claim import claim_batch, end_step, mark_skipped, release_after
 from trainer.metrics import MetricsSink, StallWatch
 from trainer.schedule import lr_factor, progress
 from trainer.step import recompute_proximal, train_step

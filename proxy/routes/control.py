@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from sqlalchemy import func, select
 from starlette.responses import PlainTextResponse, Response
 
 from proxy.engines.base import EngineUnavailable
 from proxy.errors import APIError, conflict, engine_unavailable, forbidden, invalid_request, unauthorized
 from proxy.routes.common import caller_of, json_body, json_response, state_of
 from proxy.sessions import check_fields, hash_key
-from proxy.store.schema import SESSION_STATUSES, sessions
+from proxy.store.sessions import SESSION_STATUSES, count_sessions, recent_sessions
 from proxy.store.tree import session_rows
 from proxy.tree_view import session_payload
 
@@ -95,13 +94,8 @@ async def list_sessions(request: Request) -> Response:
     offset = _int_param(request, "offset", 0, 0, None)
 
     def query(conn: Any) -> dict[str, Any]:
-        q = select(sessions).order_by(sessions.c.created_at.desc()).limit(limit).offset(offset)
-        count = select(func.count()).select_from(sessions)
-        if status:
-            q = q.where(sessions.c.status == status)
-            count = count.where(sessions.c.status == status)
-        rows = conn.execute(q).all()
-        return {"object": "list", "total": conn.execute(count).scalar(), "data": [_session_summary(r) for r in rows]}
+        rows = recent_sessions(conn, status, limit, offset)
+        return {"object": "list", "total": count_sessions(conn, status), "data": [_session_summary(r) for r in rows]}
 
     return json_response(await state.db.aread(query))
 

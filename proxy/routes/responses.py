@@ -18,7 +18,6 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from sqlalchemy import select
 from starlette.responses import Response, StreamingResponse
 
 from proxy.chat_request import ChatRequest, _bool, _integer, _number, parse_tool_choice, parse_tools
@@ -28,7 +27,7 @@ from proxy.errors import APIError, invalid_request, not_found
 from proxy.routes.chat import token_logprobs, usage
 from proxy.routes.common import caller_of, json_body, json_response, served_model, state_of
 from proxy.sessions import Caller
-from proxy.store.schema import completions, sessions
+from proxy.store.turns import response_messages
 
 router = APIRouter()
 
@@ -194,29 +193,8 @@ async def previous_messages(state: Any, caller: Caller, response_id: Any) -> lis
         raise invalid_request("previous_response_id must be a string", "previous_response_id")
     session = await state.sessions.for_model_call(caller)
 
-    def read(conn: Any) -> list[dict[str, Any]] | None:
-        row = conn.execute(
-            select(completions.c.id, completions.c.session_id, sessions.c.auto)
-            .join(sessions, sessions.c.id == completions.c.session_id)
-            .where(completions.c.response_id == response_id, completions.c.choice_index == 0)
-        ).first()
-        if row is None or (row.session_id != session.id if session is not None else not row.auto):
-            return None
-        chain, current = [], row.id
-        while current is not None:
-            node = conn.execute(
-                select(completions.c.parent_id, completions.c.request, completions.c.response).where(
-                    completions.c.id == current
-                )
-            ).one()
-            chain.append(node)
-            current = node.parent_id
-        messages: list[dict[str, Any]] = []
-        for node in reversed(chain):
-            messages += [*node.request.get("messages", []), node.response]
-        return messages
-
-    messages = await state.db.aread(read)
+    session_id = session.id if session is not None else None
+    messages = await state.db.aread(lambda c: response_messages(c, response_id, session_id))
     if messages is None:
         raise not_found(f"no response {response_id!r} in this session", "previous_response_id")
     return messages

@@ -7,6 +7,9 @@ token — stored as compact little-endian int32/float32 blobs. `parent_id` links
 turn to the earlier completion whose conversation it continues; `chain_hash`
 identifies the conversation that completion ends (its messages plus its reply),
 which is how a later request finds its parent.
+
+Only `proxy/store/` imports this module; a change to it comes with an Alembic
+revision under `proxy/store/migrations/versions/`.
 """
 
 from __future__ import annotations
@@ -15,10 +18,6 @@ from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-
-SESSION_STATUSES = ("open", "finished", "training", "consumed", "failed")
-"""open → finished (scored) → training (claimed by a step whose weights are not pushed yet) →
-consumed (trained, or dropped/skipped by the trainer); or failed."""
 
 
 class Base(DeclarativeBase):
@@ -49,6 +48,9 @@ class SessionRow(Base):
     consumed_step: Mapped[int | None] = mapped_column(Integer, index=True)  # trainer step that used it
     seed: Mapped[int | None] = mapped_column(BigInteger)  # sampling seed of calls that set none (derived per prompt)
 
+    # Status + age is how admission control and the timeout sweeper scan sessions.
+    __table_args__ = (Index("ix_sessions_status_updated", "status", "updated_at"),)
+
 
 class CompletionRow(Base):
     __tablename__ = "completions"
@@ -75,13 +77,6 @@ class CompletionRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (Index("ix_completions_chain", "chain_hash", "session_id"),)
-
-
-class SchemaVersion(Base):
-    __tablename__ = "schema_version"
-
-    version: Mapped[int] = mapped_column(Integer, primary_key=True)
-    applied_at: Mapped[float] = mapped_column(Float)
 
 
 sessions = SessionRow.__table__

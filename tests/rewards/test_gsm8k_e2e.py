@@ -19,8 +19,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from rewards.export import read_file
 from rewards.extract import extract_answer_number, numbers_equal
+from trainer.export import read_file
 
 CLI = str(Path(sys.executable).with_name("areal-proxy"))
 PROBLEMS = 8

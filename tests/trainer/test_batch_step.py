@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from proxy.config import TrainerConfig
-from rewards.export import SessionSamples
+from proxy.store.samples import SessionSamples
 from tests.conftest import tiny_llama
 from trainer.batch import Sample, build_samples, pack
 from trainer.loop import downsample_groups, session_advantages

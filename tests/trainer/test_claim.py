@@ -10,10 +10,10 @@ import time
 import pytest
 
 from proxy.config import StoreConfig
+from proxy.store.claims import DROPPED_STALE, claim_batch, end_step, release_after, trained_count
 from proxy.store.db import Database
 from proxy.store.schema import sessions
 from tests.conftest import fresh_pg_database
-from trainer.claim import DROPPED_STALE, claim_batch, end_step, release_after, trained_count
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -108,7 +108,7 @@ def test_resume_hands_back_sessions_trained_after_the_checkpoint(db):
 def test_admission_counts_sessions_in_a_running_step(db):
     """With max_staleness 0, a batch claimed by a step still training holds the next one back:
     the episodes it would admit would sample the weights that step is about to replace."""
-    from proxy.admission import unconsumed_count
+    from proxy.store.sessions import unconsumed_count
 
     add_sessions(db, "a", ["finished"] * 4)
     assert db.read(unconsumed_count) == 4

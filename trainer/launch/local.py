@@ -26,13 +26,12 @@ import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from sqlalchemy import update
 
 from adapters.runner import EpisodeRunner
 from adapters.tasks import load_tasks
 from proxy.config import Config
 from proxy.store.db import Database
-from proxy.store.schema import sessions
+from proxy.store.sessions import fail_open_sessions
 from trainer.launch.processes import stop_process
 from trainer.loop import proxy_url
 from trainer.metrics import progress_rows
@@ -50,15 +49,7 @@ def close_interrupted_sessions(cfg: Config) -> int:
     """Sessions an earlier, interrupted run left open can never finish: fail them."""
     db = Database(cfg.store)
     try:
-        return db.transaction(
-            lambda c: (
-                c.execute(
-                    update(sessions)
-                    .where(sessions.c.status == "open", sessions.c.auto.is_(False))
-                    .values(status="failed", failure="interrupted: the run was stopped", finished_at=time.time())
-                ).rowcount
-            )
-        )
+        return db.transaction(lambda c: fail_open_sessions(c, "interrupted: the run was stopped", time.time()))
     finally:
         db.close()
 

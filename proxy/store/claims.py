@@ -16,9 +16,10 @@ resumes from an earlier checkpoint hands back exactly the sessions it lost.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, Row, func, select, update
 
 from proxy.store.schema import sessions
 
@@ -32,11 +33,11 @@ class Claim:
     dropped_stale: list[str] = field(default_factory=list)
 
 
-def _group_key(row) -> str:  # noqa: ANN001
+def _group_key(row: Row) -> str:
     return row.group_id or row.task_id or row.id
 
 
-def _scan(conn: Connection, limit: int) -> tuple[list, set[str]]:
+def _scan(conn: Connection, limit: int) -> tuple[list[Row], set[str]]:
     """The `limit` earliest-finished unclaimed sessions (locked on PostgreSQL) and the
     groups among them that cannot be claimed whole yet."""
     query = (
@@ -75,7 +76,7 @@ def claim_batch(
     limit = scan or batch_size * 8
     while True:
         rows, incomplete = _scan(conn, limit)
-        groups: OrderedDict[str, list] = OrderedDict()
+        groups: OrderedDict[str, list[Row]] = OrderedDict()
         for row in rows:
             groups.setdefault(_group_key(row), []).append(row)
         claim = Claim()
@@ -116,7 +117,7 @@ def claim_batch(
     return claim
 
 
-def end_step(conn: Connection, step: int, skipped: list[tuple[list[str], str]] = ()) -> None:
+def end_step(conn: Connection, step: int, skipped: Sequence[tuple[list[str], str]] = ()) -> None:
     """The sessions step `step` trained are in the engine's weights now: consumed; so are those it
     skipped ((ids, reason) pairs), held until now so that admission control counted them as ahead
     of the trainer while the step ran."""

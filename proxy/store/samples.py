@@ -1,4 +1,4 @@
-"""Finished sessions as training samples — the exact structures the trainer consumes.
+"""Finished sessions as training samples: the exact structures the trainer consumes.
 
 Two styles:
 - `individual`: one sample per completion: its full prompt ids, sampled ids, their
@@ -7,20 +7,17 @@ Two styles:
 - `concat`: one sample per root-to-leaf path: the leaf's whole token sequence
   (every turn's prompt and reply), a loss mask over every sampled assistant token
   on the path, and per-token behaviour logprobs, versions and returns.
-Written as JSONL or Parquet (by the output file's extension).
+`trainer/export.py` writes them to files; `trainer/loop.py` trains on them.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, select
 
-from proxy.config import Config
 from proxy.store.db import Database
 from proxy.store.schema import completions, sessions
 from proxy.store.tokens import unpack_floats, unpack_ints
@@ -169,6 +166,7 @@ def load_samples(conn: Connection, session_ids: list[str]) -> list[SessionSample
 
 
 def iter_samples(db: Database, style: str, status: str) -> Iterator[dict[str, Any]]:
+    """Every sample of the sessions with `status` (finished, consumed or all), as flat rows."""
     statuses = ("finished", "training", "consumed") if status == "all" else (status,)
     query = select(sessions.c.id).where(sessions.c.status.in_(statuses)).order_by(sessions.c.created_at, sessions.c.id)
     ids = db.read(lambda c: [r.id for r in c.execute(query)])
@@ -179,37 +177,3 @@ def iter_samples(db: Database, style: str, status: str) -> Iterator[dict[str, An
                 if "ret" in row:
                     row["return"] = row.pop("ret")
                 yield row
-
-
-def export_file(cfg: Config, out: str, style: str, status: str = "finished") -> int:
-    if style not in ("individual", "concat"):
-        raise ValueError(f"style must be individual or concat, not {style!r}")
-    if status not in ("finished", "consumed", "all"):
-        raise ValueError(f"status must be finished, consumed or all, not {status!r}")
-    db = Database(cfg.store)
-    try:
-        rows = list(iter_samples(db, style, status))
-    finally:
-        db.close()
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pylist(rows), path)
-    else:
-        with path.open("w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-    return len(rows)
-
-
-def read_file(path: str) -> list[dict[str, Any]]:
-    """Load an exported file back (JSONL or Parquet)."""
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]

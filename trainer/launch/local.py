@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -32,17 +31,9 @@ from adapters.tasks import load_tasks
 from proxy.config import Config
 from proxy.store.db import Database
 from proxy.store.sessions import fail_open_sessions
-from trainer.launch.processes import stop_process
+from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy
 from trainer.loop import proxy_url
 from trainer.metrics import progress_rows
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def close_interrupted_sessions(cfg: Config) -> int:
@@ -66,32 +57,14 @@ class Children:
         self.env = env
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.run_dir / f"{name}.log", "a")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(
-            [sys.executable, *args, "--config", str(self.config_file)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-        )
+        argv = [sys.executable, *args, "--config", str(self.config_file)]
+        proc = start_process(argv, self.run_dir / f"{name}.log", env=self.env)
         self.procs[name] = proc
         (self.run_dir / f"{name}.pid").write_text(str(proc.pid))
         return proc
 
     def stop(self, name: str, timeout: float = 60) -> int | None:
         return stop_process(self.procs.get(name), timeout)
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the proxy exited ({proc.returncode}); see {log}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"the proxy did not become ready in {timeout:.0f}s; see {log}")
 
 
 def progress_table(cfg: Config, run_dir: Path, runner: EpisodeRunner, started: float) -> Table:
@@ -121,7 +94,7 @@ def launch(cfg: Config, config_path: str | None) -> int:
     run_dir = Path(cfg.trainer.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.proxy.port == 0:
-        cfg.proxy.port = _free_port()
+        cfg.proxy.port = free_port()
     cfg.proxy.admission = True
     config_file = run_dir / "config.json"
     config_file.write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
@@ -135,7 +108,7 @@ def launch(cfg: Config, config_path: str | None) -> int:
     url = proxy_url(cfg)
     proxy = children.start("proxy", ["-m", "proxy.cli", "serve"])
     try:
-        wait_healthy(url, proxy, run_dir / "proxy.log")
+        wait_healthy(url, proxy, timeout=600, log_path=run_dir / "proxy.log")
         trainer = children.start("trainer", ["-m", "trainer.loop"])
         runner = EpisodeRunner(
             cfg.rollout, url, tasks, admin_key=cfg.proxy.admin_key, state_path=run_dir / "runner_state.json"

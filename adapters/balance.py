@@ -5,7 +5,7 @@ GRPO learns only from groups whose rewards differ. Kinds of task reach that at d
 trains mostly on the kind that is learning fastest, and the others fall behind or drift (on the
 arithmetic quickstart, additions made 2.7 times the trained groups of subtractions).
 
-`KindBalancer` keeps, per kind (the value of one task field, `rollout.balance_by`), the share of
+`KindBalancer` keeps, per kind (the value of one task field, `rollout.balance.by`), the share of
 its recent groups that had reward variance (`informative`) and the share whose every reward was
 the same positive value (`solved`), and draws the next kind with probability proportional to
 
@@ -26,7 +26,9 @@ the policy's reach) falls to the floor's share. It spends the episodes that the 
 trainer would have thrown away on kinds whose groups get trained; the floor keeps every kind
 tried, so a kind that starts to yield a signal is seen again.
 
-The shares are smoothed while few groups are known (informative starts at 1/2).
+The shares are smoothed while few groups are known (informative starts at 1/2). `BalancedOrder` is
+the episode runner's task order with `[rollout.balance]`: each kind's tasks in their own shuffled
+order, the next kind drawn by the balancer.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from adapters.config import BalanceConfig
+
+if TYPE_CHECKING:
+    from adapters.strategies import Group
 
 
 class KindBalancer:
@@ -85,3 +93,54 @@ class KindBalancer:
         if kind in self._recent and rewards:
             informative = len(rewards) > 1
             self._recent[kind].append((informative, not informative and min(rewards) > 0))
+
+
+class BalancedOrder:
+    """Tasks drawn kind by kind: the kind by a `KindBalancer`, then that kind's next task in its own
+    shuffled order (a task order of `adapters/strategies.py`). `positions` (tasks started per kind) is
+    saved with the runner's position, so a resumed run goes on where each kind stood."""
+
+    def __init__(
+        self, tasks: list[dict[str, Any]], cfg: BalanceConfig, seed: int, positions: Mapping[str, int]
+    ) -> None:
+        self.tasks, self.by = tasks, cfg.by
+        missing = [str(t.get("id")) for t in tasks if cfg.by not in t]
+        if missing:
+            raise ValueError(
+                f"rollout.balance.by = {cfg.by!r}, but {len(missing)} tasks have no {cfg.by!r} field "
+                f"(first: {missing[0]}); add it to every task or leave [rollout.balance] out"
+            )
+        self._order: dict[str, list[int]] = {}
+        for i, task in enumerate(tasks):
+            self._order.setdefault(str(task[cfg.by]), []).append(i)
+        for k, order in enumerate(self._order.values()):
+            random.Random(seed * 1000 + k).shuffle(order)
+        self.positions = {kind: int(positions.get(kind, 0)) for kind in self._order}
+        self.balancer = KindBalancer(
+            sorted(self._order),
+            seed=seed + sum(self.positions.values()),
+            floor=cfg.floor,
+            goal=cfg.goal,
+            sizes={kind: len(order) for kind, order in self._order.items()},
+        )
+
+    def next(self, started: int) -> tuple[dict[str, Any], str, str | None]:
+        kind = self.balancer.choose()
+        indices, i = self._order[kind], self.positions[kind]  # moved on once the group is created
+        task = self.tasks[indices[i % len(indices)]]
+        return task, f"{task['id']}@{i // len(indices)}", kind
+
+    def started(self, kind: str | None) -> None:
+        self.positions[kind] += 1
+
+    def ended(self, group: Group) -> None:
+        if group.kind is not None:
+            self.balancer.record(group.kind, group.rewards)
+
+    def state(self) -> dict[str, Any]:
+        return {"kind_positions": self.positions}
+
+    def rows(self) -> list[tuple[str, str]]:
+        weights = self.balancer.weights()
+        kinds = " · ".join(f"{k} {n} ({weights[k]:.0%} next)" for k, n in sorted(self.positions.items()))
+        return [(f"tasks by {self.by}", kinds)]

@@ -10,23 +10,10 @@ non-zero or times out ends its session as failed without stopping the run. A 429
 from admission control is retried after its Retry-After. Progress (tasks
 started) is saved so a restarted run continues where it stopped.
 
-With `hard_group_size` set, a task whose whole group earned no reward is queued
-to run once more, ahead of new tasks, as one larger group: with a success rate of
-a few percent a group of 8 rarely holds the single success that GRPO needs to
-learn anything from a prompt, and a group of 32 often does.
-
-With `screen_size = k`, a group is screened before it is spent (SPEED, Zhang et al.
-2025, arXiv 2506.09016): all `group_size` sessions are created (so the group can
-not be claimed in part), the agent runs on the first k, and the rest run only if
-those k rewards differ. A group whose first k rewards are all equal (a prompt the
-policy always fails or always solves) would almost surely be a zero-variance group,
-which GRPO skips; its other sessions are ended unrun, as failed with the reason
-"screened out", and the generation they would have cost goes to other prompts.
-
-With `balance_by` naming a task field, the next task's kind (that field's value) is drawn so
-that every kind yields about as many groups with reward variance, or (`balance_goal = "signal"`)
-so that rollouts go to the kinds whose groups have it (`adapters/balance.py`); each kind's tasks
-run in their own shuffled order.
+Which task runs next, whether a group is screened on its first samples, and whether a
+group that earned nothing runs again are rollout strategies chosen in `[rollout]`
+(`adapters/strategies.py`); every group samples from a seed derived from `rollout.seed`
+and its group id, so a run's rollouts are reproducible.
 """
 
 from __future__ import annotations
@@ -35,9 +22,7 @@ import asyncio
 import json
 import logging
 import os
-import random
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,9 +30,9 @@ from typing import Any
 
 import httpx
 
-from adapters.balance import KindBalancer
+from adapters.config import RolloutConfig
+from adapters.strategies import Group, NextGroup, strategies
 from adapters.tasks import is_command, load_agent
-from proxy.config import RolloutConfig
 from proxy.seeds import derive_seed
 
 log = logging.getLogger("areal_runner")
@@ -60,34 +45,16 @@ class RunnerStats:
     episodes_finished: int = 0
     episodes_failed: int = 0
     admission_waits: int = 0
-    hard_groups: int = 0
-    screened_out: int = 0  # groups ended after their first screen_size episodes
+    hard_groups: int = 0  # retry groups started ([rollout.retry])
+    screened_out: int = 0  # groups ended after their screen ([rollout.screen])
     reward_sum: float = 0.0
     recent_rewards: list[float] = field(default_factory=list)
-    tasks_by_kind: dict[str, int] = field(default_factory=dict)  # balance_by: started per kind = each kind's position
 
     def record(self, reward: float | None) -> None:
         if reward is None:
             return
         self.reward_sum += reward
         self.recent_rewards = (self.recent_rewards + [reward])[-256:]
-
-
-@dataclass
-class _Group:
-    task: dict[str, Any]
-    retry: bool
-    left: int  # sessions not yet ended
-    held: list[dict[str, Any]] = field(default_factory=list)  # created, not run until the screen decides
-    screening: int = 0  # screen episodes still running
-    screen_rewards: set[float] = field(default_factory=set)
-    rewards: set[float] = field(default_factory=set)  # distinct rewards of its ended sessions
-    kind: str | None = None  # the task's balance_by value
-
-    @property
-    def earned(self) -> bool:
-        """Some session scored above 0."""
-        return any(r > 0 for r in self.rewards)
 
 
 class EpisodeRunner:
@@ -111,16 +78,14 @@ class EpisodeRunner:
         self.agent = None if self.command else (spec if callable(spec) else load_agent(spec))
         self.stats = RunnerStats()
         self._open: set[str] = set()
-        self._groups: dict[str, _Group] = {}
-        self._hard: deque[tuple[dict[str, Any], str]] = deque()  # (task, group id) to retry
+        self._groups: dict[str, Group] = {}
         self._running: set[asyncio.Task] = set()
         self._slots = asyncio.Semaphore(cfg.concurrency)
         self._stop = asyncio.Event()
         saved = self._saved_state()
         self.stats.tasks_started = int(saved.get("tasks_started", 0))
-        self.balancer: KindBalancer | None = None
-        if cfg.balance_by:
-            self._init_kinds(saved.get("kind_positions", {}))
+        chosen = strategies(cfg, tasks, saved)
+        self.order, self.screen, self.retry = chosen.order, chosen.screen, chosen.retry
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=10.0), headers=self.headers)
 
     def _saved_state(self) -> dict[str, Any]:
@@ -132,100 +97,51 @@ class EpisodeRunner:
         if self.state_path:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.state_path.with_suffix(".tmp")
-            state: dict[str, Any] = {"tasks_started": self.stats.tasks_started}
-            if self.balancer is not None:
-                state["kind_positions"] = self.stats.tasks_by_kind
-            tmp.write_text(json.dumps(state))
+            tmp.write_text(json.dumps({"tasks_started": self.stats.tasks_started, **self.order.state()}))
             os.replace(tmp, self.state_path)
 
-    def _init_kinds(self, positions: dict[str, int]) -> None:
-        key = self.cfg.balance_by
-        missing = [str(t.get("id")) for t in self.tasks if key not in t]
-        if missing:
-            raise ValueError(
-                f"rollout.balance_by = {key!r}, but {len(missing)} tasks have no {key!r} field "
-                f"(first: {missing[0]}); add it to every task or leave balance_by empty"
-            )
-        self._kind_order: dict[str, list[int]] = {}
-        for i, task in enumerate(self.tasks):
-            self._kind_order.setdefault(str(task[key]), []).append(i)
-        for k, order in enumerate(self._kind_order.values()):
-            random.Random(self.cfg.seed * 1000 + k).shuffle(order)
-        self.stats.tasks_by_kind = {kind: int(positions.get(kind, 0)) for kind in self._kind_order}
-        started = sum(self.stats.tasks_by_kind.values())
-        self.balancer = KindBalancer(
-            sorted(self._kind_order),
-            seed=self.cfg.seed + started,
-            floor=self.cfg.balance_floor,
-            goal=self.cfg.balance_goal,
-            sizes={kind: len(order) for kind, order in self._kind_order.items()},
-        )
+    def progress_rows(self) -> list[tuple[str, str]]:
+        """Lines of the progress display for the strategies that are on."""
+        return self.retry.rows(self.stats) + self.screen.rows(self.stats) + self.order.rows()
 
-    def _next_task(self, order: list[int]) -> tuple[dict[str, Any], str, str | None]:
-        """The next new task, its group id (unique per pass over the data) and its kind."""
-        n = self.stats.tasks_started
-        if self.balancer is None:
-            task = self.tasks[order[n % len(order)]]
-            return task, f"{task['id']}@{n // len(order)}", None
-        kind = self.balancer.choose()
-        indices, i = self._kind_order[kind], self.stats.tasks_by_kind[kind]  # moved on once the group is created
-        task = self.tasks[indices[i % len(indices)]]
-        return task, f"{task['id']}@{i // len(indices)}", kind
+    def _new_group(self) -> NextGroup:
+        task, group_id, kind = self.order.next(self.stats.tasks_started)
+        size = self.cfg.group_size
+        return NextGroup(task, group_id, size, self.screen.first(size), kind)
 
     # -- the run --------------------------------------------------------------------
     async def run(self, stop: asyncio.Event | None = None) -> RunnerStats:
         stop = self._stop = stop or asyncio.Event()
         slots = self._slots
         running = self._running
-        order = list(range(len(self.tasks)))
-        random.Random(self.cfg.seed).shuffle(order)
         try:
             while not stop.is_set():
-                retry = bool(self._hard)
-                kind = None
-                if retry:
-                    task, first_try = self._hard.popleft()
-                    group_id, size = f"{first_try}+hard", self.cfg.hard_group_size
-                else:
-                    n = self.stats.tasks_started
-                    if self.cfg.max_tasks and n >= self.cfg.max_tasks:
+                plan = self.retry.next()
+                if plan is None:
+                    if self.cfg.max_tasks and self.stats.tasks_started >= self.cfg.max_tasks:
                         if not running:
                             break
                         await _first_done(running, stop)  # a group that ends may queue a retry
                         continue
                     if not self.tasks:
                         break
-                    task, group_id, kind = self._next_task(order)
-                    size = self.cfg.group_size
+                    plan = self._new_group()
                 # one group waits for free slots so it starts together; a screened group's held
                 # sessions keep theirs, so the rest starts the moment the screen decides rather
                 # than behind newer groups (its first sessions age with every training step)
-                for _ in range(size):
+                for _ in range(plan.size):
                     await slots.acquire()
                 try:
-                    group = await self._create_group(task, group_id, size, stop)
+                    group = await self._create_group(plan.task, plan.group_id, plan.size, stop)
                 except BaseException:
-                    for _ in range(size):
+                    for _ in range(plan.size):
                         slots.release()
                     raise
                 if group is None:
-                    for _ in range(size):
+                    for _ in range(plan.size):
                         slots.release()
                     break
-                first = size if retry or not self.cfg.screen_size else self.cfg.screen_size
-                if retry:
-                    self.stats.hard_groups += 1
-                else:
-                    self.stats.tasks_started += 1
-                    if kind is not None:
-                        self.stats.tasks_by_kind[kind] += 1
-                    self._save_position()
-                self._groups[group_id] = _Group(
-                    task, retry, left=len(group), held=group[first:], screening=first if first < size else 0, kind=kind
-                )
-                self._open.update(s["session_id"] for s in group[first:])
-                for session in group[:first]:
-                    self._spawn(self._episode(task, group_id, session, slots))
+                self._start(plan, group)
             while running and not stop.is_set():  # an ending episode may start a group's held ones
                 await asyncio.gather(*list(running), return_exceptions=True)
         finally:
@@ -237,6 +153,27 @@ class EpisodeRunner:
                 await self._end(sid, "fail", {"reason": "stopped: the run ended before the episode did"})
             await self._http.aclose()
         return self.stats
+
+    def _start(self, plan: NextGroup, sessions: list[dict[str, Any]]) -> None:
+        """Count a created group and run its first sessions; the rest are held for the screen."""
+        first = plan.first
+        if plan.retry:
+            self.stats.hard_groups += 1
+        else:
+            self.stats.tasks_started += 1
+            self.order.started(plan.kind)
+            self._save_position()
+        self._groups[plan.group_id] = Group(
+            plan.task,
+            plan.retry,
+            left=len(sessions),
+            held=sessions[first:],
+            screening=first if first < plan.size else 0,
+            kind=plan.kind,
+        )
+        self._open.update(s["session_id"] for s in sessions[first:])
+        for session in sessions[:first]:
+            self._spawn(self._episode(plan.task, plan.group_id, session, self._slots))
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.create_task(coro)
@@ -304,7 +241,7 @@ class EpisodeRunner:
             self._episode_ended(group_id, reward)
 
     def _episode_ended(self, group_id: str, reward: float | None) -> None:
-        """Count the group down; decide a screened group; queue a retry if it ended without any reward."""
+        """Count the group down; decide a screened group; tell the strategies when it has ended."""
         group = self._groups.get(group_id)
         if group is None:  # two tasks with one id share a group; the first to end it counted it
             return
@@ -319,25 +256,18 @@ class EpisodeRunner:
                 self._decide_screen(group_id, group)
         if group.left == 0:
             del self._groups[group_id]
-            if self.balancer is not None and group.kind is not None:
-                self.balancer.record(group.kind, group.rewards)
-            if self.cfg.hard_group_size and not group.retry and not group.earned:
-                self._hard.append((group.task, group_id))
+            self.order.ended(group)
+            self.retry.ended(group_id, group)
 
-    def _decide_screen(self, group_id: str, group: _Group) -> None:
-        """Run a screened group's held sessions if its screen scored differently, else end them unrun."""
+    def _decide_screen(self, group_id: str, group: Group) -> None:
+        """Run a screened group's held sessions if the screen lets them, else end them unrun."""
         held, group.held = group.held, []
-        if len(group.screen_rewards) > 1:  # the prompt can go either way: run the rest
+        reason = self.screen.verdict(group.screen_rewards)
+        if reason is None:
             for session in held:
                 self._spawn(self._episode(group.task, group_id, session, self._slots))
             return
         self.stats.screened_out += 1
-        k = self.cfg.screen_size
-        reason = (
-            f"screened out: the group's first {k} episodes all scored {next(iter(group.screen_rewards)):g}"
-            if group.screen_rewards
-            else f"screened out: the group's first {k} episodes all failed"
-        )
         for session in held:
             self._slots.release()
             self._spawn(self._end(session["session_id"], "fail", {"reason": reason}, counted=False))

@@ -40,11 +40,13 @@ reward_fn = "math_exact"
 group_size = {args.group_size}
 concurrency = 64
 [trainer]
-batch_size = {args.batch_size}
 max_staleness = {staleness}
 max_steps = {args.steps}
-checkpoint_every = 1000
 run_dir = "{run_dir}"
+[trainer.batch]
+size = {args.batch_size}
+[trainer.checkpoint]
+every = 1000
 """
     )
     return path

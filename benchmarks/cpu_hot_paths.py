@@ -39,7 +39,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import trainer.step  # noqa: E402
-from proxy.config import TrainerConfig  # noqa: E402
 from proxy.engines.base import SamplingParams  # noqa: E402
 from proxy.engines.kv import BatchKV  # noqa: E402
 from proxy.engines.sampling import sample  # noqa: E402
@@ -47,6 +46,7 @@ from proxy.runtime.attention import register as grouped_attention  # noqa: E402
 from proxy.runtime.devices import keep_freed_memory  # noqa: E402
 from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model  # noqa: E402
 from trainer.batch import Sample, pack  # noqa: E402
+from trainer.config import TrainerConfig  # noqa: E402
 from trainer.step import train_step  # noqa: E402
 from trainer.weights import write_weights  # noqa: E402
 
@@ -129,7 +129,7 @@ def main() -> None:
     out["decode_64_rows_ms"] = round(decode_step_ms(decode_model.eval()), 1)
     del decode_model
 
-    cfg = TrainerConfig(autocast_bf16=args.bf16, loss_agg="token_mean")
+    cfg = TrainerConfig(autocast_bf16=args.bf16, loss={"agg": "token_mean"})
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-9, fused=True)
     for k in (2, 8):
         groups = arithmetic_groups(k)

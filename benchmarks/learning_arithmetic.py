@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "arithmetic"))
 from evaluate import evaluate  # noqa: E402
 
-from proxy.config import DEVICES  # noqa: E402
+from proxy.sections import DEVICES  # noqa: E402
 from trainer.launch.processes import start_process  # noqa: E402
 
 SKIP = ("trainer.pt", "trainer_state.json")  # optimizer state is not needed to evaluate
@@ -118,7 +118,7 @@ def main() -> None:
         "--set",
         f"store.url=sqlite:///{run_dir}/areal.db",
         "--set",
-        "trainer.checkpoint_every=5",
+        "trainer.checkpoint.every=5",
         "--device",
         args.device,
     ]

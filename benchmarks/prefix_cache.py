@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO / "examples" / "arithmetic"))
 
 from agent import messages_for, tasks  # noqa: E402
 
-from proxy.config import EngineConfig  # noqa: E402
 from proxy.engines.base import SamplingParams, generate  # noqa: E402
+from proxy.engines.config import EngineConfig  # noqa: E402
 from proxy.engines.local import LocalEngine  # noqa: E402
 from proxy.render import Renderer  # noqa: E402
 

@@ -31,8 +31,9 @@ import agent  # noqa: E402
 
 from adapters.runner import EpisodeRunner  # noqa: E402
 from adapters.tasks import load_tasks  # noqa: E402
-from proxy.config import EngineConfig, load_config  # noqa: E402
+from proxy.config import load_config  # noqa: E402
 from proxy.engines.base import SamplingParams  # noqa: E402
+from proxy.engines.config import EngineConfig  # noqa: E402
 from proxy.engines.local import LocalEngine  # noqa: E402
 from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy  # noqa: E402
 

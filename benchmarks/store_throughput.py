@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proxy.config import StoreConfig  # noqa: E402
+from proxy.store.config import StoreConfig  # noqa: E402
 from proxy.store.db import Database  # noqa: E402
 from proxy.store.sessions import auto_session_row, insert_sessions  # noqa: E402
 from proxy.store.tokens import pack_floats, pack_ints  # noqa: E402

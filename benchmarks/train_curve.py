@@ -65,7 +65,7 @@ def main() -> None:
         f"trainer.max_steps={args.steps}",
         f"trainer.run_dir={run_dir}",
         f"store.url=sqlite:///{run_dir}/areal.db",
-        "trainer.checkpoint_every=1000",
+        "trainer.checkpoint.every=1000",
         *args.overrides,
     ]
     for s in sets:

@@ -14,44 +14,66 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from proxy.config import Config
 from proxy.engines.backends import make_engine
 from proxy.engines.base import Engine, EngineUnavailable
 from proxy.errors import APIError, engine_unavailable
 from proxy.metrics import Metrics
-from proxy.routes.common import error_response
+from proxy.routes.common import anthropic_error, error_response, is_messages_route
 from proxy.runtime.model_files import served_name
+from proxy.schemas.common import validation_error
 from proxy.sessions import SessionService, expire_open_sessions
 from proxy.store.db import Database
+
+if TYPE_CHECKING:
+    from proxy.admission import Admission
+    from proxy.completions import CompletionService
+    from proxy.render import Renderer
+    from proxy.rewards_service import RewardService
 
 log = logging.getLogger("areal_proxy")
 
 
+@dataclass
 class AppState:
-    """Everything the routes share; built by the lifespan."""
+    """Everything the routes share, built by `create_app` and completed by the lifespan; routes get
+    its parts through `proxy/routes/deps.py`."""
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
-        self.metrics = Metrics()
-        self.db = Database(cfg.store, owner=True)
-        self.sessions = SessionService(self.db, cfg.proxy.admin_key, cfg.proxy.auto_sessions)
-        self.engine: Engine = make_engine(cfg.engine)
-        self.served_name = cfg.proxy.served_model_name or served_name(cfg.engine.model)
-        self.ready = asyncio.Event()  # loop-agnostic since Python 3.10
-        self.load_error: BaseException | None = None
-        self.waiting_for = ""
-        self.renderer: Any = None
-        self.completions: Any = None
-        self.rewards: Any = None
-        self.admission: Any = None
-        self.started_at = time.time()
+    cfg: Config
+    metrics: Metrics
+    db: Database
+    sessions: SessionService
+    engine: Engine
+    served_name: str
+    started_at: float = field(default_factory=time.time)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # loop-agnostic since Python 3.10
+    load_error: BaseException | None = None
+    waiting_for: str = ""  # what a remote engine start is waiting for
+    renderer: Renderer | None = None
+    completions: CompletionService | None = None
+    rewards: RewardService | None = None
+    admission: Admission | None = None
+
+    @classmethod
+    def build(cls, cfg: Config) -> AppState:
+        db = Database(cfg.store, owner=True)
+        return cls(
+            cfg=cfg,
+            metrics=Metrics(),
+            db=db,
+            sessions=SessionService(db, cfg.proxy.admin_key, cfg.proxy.auto_sessions),
+            engine=make_engine(cfg.engine),
+            served_name=cfg.proxy.served_model_name or served_name(cfg.engine.model),
+        )
 
     async def load_engine(self) -> None:
         from proxy.completions import CompletionService
@@ -121,7 +143,7 @@ async def _sweep_sessions(state: AppState) -> None:
 
 def create_app(cfg: Config) -> FastAPI:
     """Build the app; opens (and migrates) the store now, so a locked store fails here."""
-    state = AppState(cfg)
+    state = AppState.build(cfg)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -129,11 +151,11 @@ def create_app(cfg: Config) -> FastAPI:
         state.db.start_writer()
         from proxy.rewards_service import RewardService
 
-        state.rewards = RewardService(state)
+        state.rewards = RewardService(state.db, state.sessions, cfg.rewards, state.metrics)
         if cfg.proxy.admission:
             from proxy.admission import Admission
 
-            state.admission = Admission(state.db, cfg.trainer.max_staleness, cfg.trainer.batch_size)
+            state.admission = Admission(state.db, cfg.trainer.max_staleness, cfg.trainer.batch.size)
         loader = asyncio.create_task(state.load_engine())
         sweeper = asyncio.create_task(_sweep_sessions(state))
         try:
@@ -171,23 +193,33 @@ def _optional_routers() -> list[Any]:
 
 
 def _install_handlers(app: FastAPI) -> None:
+    def answer(request: Request, error: APIError) -> Response:
+        return anthropic_error(error) if is_messages_route(request.url.path) else error_response(error)
+
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError):  # noqa: ANN202
-        return error_response(exc)
+    async def _api_error(request: Request, exc: APIError):  # noqa: ANN202
+        return answer(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError):  # noqa: ANN202
-        first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return error_response(APIError(400, f"invalid request: {first.get('msg', exc)}", param=param))
+    async def _validation(request: Request, exc: RequestValidationError):  # noqa: ANN202
+        return answer(request, validation_error(list(exc.errors())))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException):  # noqa: ANN202
+    async def _http(request: Request, exc: StarletteHTTPException):  # noqa: ANN202
+        # FastAPI reports whatever broke reading the body as "error parsing the body": the cause says what.
+        if isinstance(exc.__cause__, ClientDisconnect):
+            return gone(request)
+        if isinstance(exc.__cause__, APIError):  # the body limit, hit by a body sent without a length
+            return answer(request, exc.__cause__)
         message = {404: "no such route", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
-        return error_response(APIError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None))
+        code = "not_found" if exc.status_code == 404 else None
+        return answer(request, APIError(exc.status_code, message, code=code))
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, _: ClientDisconnect):  # noqa: ANN202
+        return gone(request)
+
+    def gone(request: Request) -> Response:
         # The caller hung up before its body arrived (an agent cancelled, a run stopped): nothing
         # was started or stored, and nobody is left to read an answer. 499 as nginx logs it.
         log.info("client disconnected before sending the whole body of %s %s", request.method, request.url.path)
@@ -200,7 +232,9 @@ def _install_handlers(app: FastAPI) -> None:
 
 
 class BodyLimit:
-    """Refuse request bodies over the limit with 413 before they are read in full."""
+    """Refuse request bodies over the limit with 413 before they are read in full, and read every
+    body as JSON whatever content type the client named (`curl -d` says form-urlencoded): the
+    routes take JSON only."""
 
     def __init__(self, app: Any, limit: int) -> None:
         self.app = app
@@ -215,6 +249,9 @@ class BodyLimit:
         if length is not None and length.isdigit() and int(length) > self.limit:
             await self._refuse(send)
             return
+        if scope["method"] in ("POST", "PUT", "PATCH") and b"json" not in headers.get(b"content-type", b""):
+            kept = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
         seen = 0
 
         async def limited_receive() -> dict:

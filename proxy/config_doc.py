@@ -1,8 +1,9 @@
 """docs/configuration.md, generated from the config models' field docstrings.
 
 Walks the pydantic model tree rooted at `proxy.config.Config` without knowing its
-sections: every field whose type is a model is a `[section]` (or `[section.sub]`),
-every other field a row of its section's table — key, type, default and the
+sections: every field whose type is a model is a `[section]` (or `[section.sub]`; a
+`Model | None` one is a strategy section, on when present), every other field a row of
+its section's table — key, type, default and the
 field's docstring. `python -m proxy.config_doc > docs/configuration.md`
 regenerates the page; `tests/test_docs.py` fails when it is out of date.
 """
@@ -36,8 +37,15 @@ regenerate it with `{REGENERATE}`.
 _BOUNDS = (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤"))
 
 
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The model of a section field: `Model`, or `Model | None` for a strategy section."""
+    args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 and all(a is type(None) for a in args if a is not models[0]) else None
+
+
 def _is_section(annotation: Any) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return _section_model(annotation) is not None
 
 
 def _type_name(tp: Any) -> str:
@@ -98,7 +106,7 @@ def _section(model: type[BaseModel], path: str, description: str | None) -> list
         lines += _table(scalars)
     for name, field in items:
         if _is_section(field.annotation):
-            lines += _section(field.annotation, f"{path}.{name}" if path else name, field.description)
+            lines += _section(_section_model(field.annotation), f"{path}.{name}" if path else name, field.description)
     return lines
 
 
@@ -110,7 +118,7 @@ def markdown() -> str:
         lines += _section(Config, "", None)
     else:
         for name, field in root_fields:
-            lines += _section(field.annotation, name, field.description)
+            lines += _section(_section_model(field.annotation), name, field.description)
     return "\n".join(lines) + "\n"
 
 

@@ -19,10 +19,15 @@ from typing import Any
 from sqlalchemy import Connection
 
 from proxy.errors import conflict, invalid_request, not_found
+from proxy.metrics import Metrics
+from proxy.schemas.control import Finish
+from proxy.sessions import SessionService
+from proxy.store.db import Database
 from proxy.store.sessions import close_session, get_session, touch_session
 from proxy.store.tree import full_messages, session_rows
 from proxy.store.turns import last_completion_id, set_rewards_and_returns, set_turn_reward, turn_rewards
 from rewards.builtins import resolve_reward
+from rewards.config import RewardsConfig
 from rewards.returns import tree_returns
 from rewards.scoring import Score, score, validate
 from rewards.session import CompletionView, SessionView
@@ -51,17 +56,6 @@ def session_view(session: Any, rows: list[Any]) -> SessionView:
     )
 
 
-def _number(body: dict[str, Any], name: str) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise invalid_request(f"{name} must be a number", name)
-    if value != value or value in (float("inf"), float("-inf")):
-        raise invalid_request(f"{name} must be finite", name)
-    return float(value)
-
-
 def _locked_session(conn: Connection, session_id: str) -> Any:
     row = get_session(conn, session_id, lock=True)
     if row is None:
@@ -70,22 +64,13 @@ def _locked_session(conn: Connection, session_id: str) -> Any:
 
 
 class RewardService:
-    def __init__(self, state: Any) -> None:
-        self.db = state.db
-        self.sessions = state.sessions
-        self.cfg = state.cfg.rewards
-        self.metrics = state.metrics
+    def __init__(self, db: Database, sessions: SessionService, cfg: RewardsConfig, metrics: Metrics) -> None:
+        self.db = db
+        self.sessions = sessions
+        self.cfg = cfg
+        self.metrics = metrics
 
-    async def set_reward(self, session_id: str, body: Any) -> dict[str, Any]:
-        if not isinstance(body, dict):
-            raise invalid_request("the request body must be a JSON object")
-        reward = _number(body, "reward")
-        if reward is None:
-            raise invalid_request("reward is required", "reward")
-        completion_id = body.get("completion_id")
-        if completion_id is not None and not isinstance(completion_id, str):
-            raise invalid_request("completion_id must be a string", "completion_id")
-
+    async def set_reward(self, session_id: str, reward: float, completion_id: str | None) -> dict[str, Any]:
         def op(conn: Connection) -> dict[str, Any]:
             session = _locked_session(conn, session_id)
             if session.status != "open":
@@ -101,20 +86,12 @@ class RewardService:
 
         return await self.db.write(op)
 
-    async def finish(self, session_id: str, body: Any) -> dict[str, Any]:
-        body = body if body is not None else {}
-        if not isinstance(body, dict):
-            raise invalid_request("the request body must be a JSON object")
+    async def finish(self, session_id: str, body: Finish) -> dict[str, Any]:
         info = await self.sessions.get(session_id, fresh=True)
-        inline = _number(body, "reward")
-        fn_name = body.get("reward_fn")
-        if fn_name is not None and not isinstance(fn_name, str):
-            raise invalid_request("reward_fn must be a string", "reward_fn")
+        inline, fn_name = body.reward, body.reward_fn
         if inline is not None and fn_name:
             raise invalid_request("give either reward or reward_fn, not both", "reward_fn")
-        reference = body.get("reference", info.reference)
-        if reference is not None and not isinstance(reference, (str, int, float)):
-            raise invalid_request("reference must be a string or a number", "reference")
+        reference = info.reference if "reference" not in body.model_fields_set else body.reference
         reference = None if reference is None else str(reference)
         if inline is None and not fn_name:
             fn_name = info.reward_fn

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from proxy.errors import APIError, conflict, forbidden, invalid_request, not_found, unauthorized
-from proxy.seeds import MAX_SEED, derive_seed
+from proxy.seeds import derive_seed
 from proxy.store.db import Database
 from proxy.store.sessions import fail_idle_sessions, get_session, insert_sessions, session_by_key_hash
 
@@ -54,11 +54,18 @@ class Caller:
 
 
 def bearer(authorization: str | None, x_api_key: str | None = None) -> str | None:
+    """The caller's key: `Authorization: Bearer <key>`, else Anthropic's `x-api-key`; a key that is
+    not printable ASCII (no key we issue is) is a 401, never a server error."""
+    token = None
     if authorization:
         scheme, _, value = authorization.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
-            return value.strip()
-    return x_api_key.strip() if x_api_key and x_api_key.strip() else None
+            token = value.strip()
+    if token is None and x_api_key and x_api_key.strip():
+        token = x_api_key.strip()
+    if token is not None and not (token.isascii() and token.isprintable()):
+        raise unauthorized("invalid API key: keys are printable ASCII")
+    return token
 
 
 class SessionService:
@@ -229,31 +236,6 @@ class SessionService:
 def expire_open_sessions(conn: Connection, timeout_s: float, now: float) -> list[str]:
     """Close sessions idle past the timeout as failed; their completions are kept."""
     return fail_idle_sessions(conn, now - timeout_s, f"timed out: no activity for {timeout_s:.0f}s", now)
-
-
-def check_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """Validate a POST /sessions body."""
-    out: dict[str, Any] = {}
-    for name in ("task_id", "group_id", "reward_fn"):
-        value = body.get(name)
-        if value is not None and not isinstance(value, (str, int)):
-            raise invalid_request(f"{name} must be a string", name)
-        out[name] = None if value is None else str(value)
-    reference = body.get("reference")
-    if reference is not None and not isinstance(reference, (str, int, float)):
-        raise invalid_request("reference must be a string or a number", "reference")
-    out["reference"] = None if reference is None else str(reference)
-    metadata = body.get("metadata", {})
-    if metadata is None:
-        metadata = {}
-    if not isinstance(metadata, dict):
-        raise invalid_request("metadata must be an object", "metadata")
-    out["metadata"] = metadata
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
-        raise invalid_request(f"seed must be an integer from 0 to {MAX_SEED}", "seed")
-    out["seed"] = seed
-    return out
 
 
 __all__ = ["APIError", "Caller", "SessionInfo", "SessionService", "bearer"]

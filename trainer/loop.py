@@ -1,9 +1,10 @@
-"""The asynchronous trainer: claim → advantages → decoupled PPO step → push weights.
+"""The asynchronous trainer: claim → select (advantages) → decoupled PPO step → push weights.
 
 It runs as its own process beside the proxy and learns from whatever finished
-sessions the store holds, while rollouts continue. Staleness is bounded twice:
-the proxy admits new sessions only while unconsumed ones are fewer than
-(max_staleness + 1) × batch_size, and the claim drops any session whose oldest
+sessions the store holds, while rollouts continue; which claimed sessions a step
+trains is up to the selection strategies (`trainer/selection.py`). Staleness is bounded
+twice: the proxy admits new sessions only while unconsumed ones are fewer than
+(max_staleness + 1) × batch.size, and the claim drops any session whose oldest
 token is more than max_staleness versions old. On start it resumes from the last
 checkpoint and hands back sessions consumed after it, so a crash never trains a
 session twice nor loses one; the engine is brought to the checkpoint's weights
@@ -29,11 +30,11 @@ from proxy.store.claims import claim_batch, end_step, mark_skipped, release_afte
 from proxy.store.db import Database
 from proxy.store.samples import SessionSamples, load_samples
 from trainer import checkpoint
-from trainer.advantages import ADVANTAGES, max_variance_subset
 from trainer.batch import build_samples, pack
 from trainer.metrics import MetricsSink, StallWatch
 from trainer.schedule import lr_factor, progress
-from trainer.step import recompute_proximal, train_step
+from trainer.selection import ZERO_VARIANCE, Selection, canonical_order, claim_policy, select, selectors
+from trainer.step import StepResult, recompute_proximal, train_step
 from trainer.weights import WeightSync, default_weights_dir
 
 log = logging.getLogger("areal_trainer")
@@ -46,89 +47,28 @@ def proxy_url(cfg: Config) -> str:
     return f"http://{host}:{cfg.proxy.port}"
 
 
-def session_advantages(
-    sessions: list[SessionSamples], estimator: str, unsolved_advantage: float = 0.0, unsolved_share: float = 1.0
-) -> tuple[dict, dict, list[str], list[str], list[str]]:
-    """Per-session baseline and scale from the group estimator; (baseline, scale, kept, skipped,
-    unsolved), unsolved being the kept sessions of unsolved groups.
-
-    With `unsolved_advantage` (< 0), a group whose rewards are all equal and below the mean reward
-    of `sessions` (a task failed every time while others were solved) is kept instead of skipped,
-    every session of it with that advantage: baseline r - unsolved_advantage, scale 1. Whole
-    unsolved groups are kept, in claim order, only while they make at most `unsolved_share` of
-    the kept sessions; the rest are skipped (so a claim without any group that has reward
-    variance trains nothing).
-    """
-    groups = {g: i for i, g in enumerate(dict.fromkeys(s.group_id for s in sessions))}
-    rewards = torch.tensor([s.reward for s in sessions], dtype=torch.float64)
-    group_ids = torch.tensor([groups[s.group_id] for s in sessions])
-    adv = ADVANTAGES[estimator](rewards, group_ids)
-    baseline = {s.session_id: float(adv.baseline[i]) for i, s in enumerate(sessions)}
-    scale = {s.session_id: float(adv.scale[i]) or 1.0 for i, s in enumerate(sessions)}
-    unsolved = torch.zeros_like(adv.skipped)
-    if unsolved_advantage and sessions:
-        candidates = adv.skipped & (rewards < rewards.mean())
-        informative = int((~adv.skipped).sum())
-        # Largest count u with u <= share * (informative + u), taken group by group.
-        room = informative * unsolved_share / (1 - unsolved_share) if unsolved_share < 1 else len(sessions)
-        taken = 0
-        for g in range(len(groups)):
-            members = candidates & (group_ids == g)
-            size = int(members.sum())
-            if size and taken + size <= room + 1e-9:
-                unsolved |= members
-                taken += size
-        for i in unsolved.nonzero().flatten().tolist():
-            baseline[sessions[i].session_id] = float(rewards[i]) - unsolved_advantage
-            scale[sessions[i].session_id] = 1.0
-    skip = adv.skipped & ~unsolved
-    skipped = [s.session_id for i, s in enumerate(sessions) if bool(skip[i])]
-    kept = [s.session_id for i, s in enumerate(sessions) if not bool(skip[i])]
-    return baseline, scale, kept, skipped, [s.session_id for i, s in enumerate(sessions) if bool(unsolved[i])]
-
-
-def downsample_groups(sessions: list[SessionSamples], m: int) -> tuple[list[SessionSamples], list[str]]:
-    """(the sessions to train, the ids left out): every group whose rewards differ keeps its m
-    sessions of largest reward variance (`max_variance_subset`); flat groups stay whole (they
-    carry no signal to select by and are skipped or kept whole as unsolved later)."""
-    groups: dict[str, list[int]] = {}
-    for i, s in enumerate(sessions):
-        groups.setdefault(s.group_id, []).append(i)
-    left_out: set[int] = set()
-    for members in groups.values():
-        rewards = [sessions[i].reward for i in members]
-        if len(members) > m and len(set(rewards)) > 1:
-            chosen = {members[j] for j in max_variance_subset(rewards, m)}
-            left_out.update(i for i in members if i not in chosen)
-    kept = [s for i, s in enumerate(sessions) if i not in left_out]
-    return kept, [sessions[i].session_id for i in sorted(left_out)]
-
-
-def canonical_order(sessions: list[SessionSamples]) -> list[SessionSamples]:
-    """Claimed sessions by group, then by their tokens: the order they finished in (a race
-    between episodes) then changes nothing a step computes, and an on-policy run with seeded
-    rollouts trains the same batches in the same order every time."""
-
-    def key(s: SessionSamples) -> tuple:
-        return s.group_id, [(x.prompt_ids, x.output_ids) for x in s.individual], s.reward
-
-    return sorted(sessions, key=key)
-
-
 @dataclass
 class _Batch:
-    """What the next step trains: claimed sessions, those of them kept with their group
-    baseline and scale (groups are claimed whole, so these are final), and the counts."""
+    """What the next step trains: the claimed sessions, those kept to train with their group
+    baseline and scale (groups are claimed whole, so these are final), what was skipped and why."""
 
     sessions: list[SessionSamples] = field(default_factory=list)
     kept: list[SessionSamples] = field(default_factory=list)
     baseline: dict[str, float] = field(default_factory=dict)
     scale: dict[str, float] = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)
-    downsampled: list[str] = field(default_factory=list)  # left out by trainer.train_per_group
+    skipped: dict[str, list[str]] = field(default_factory=dict)  # by the metric that counts them
+    counts: dict[str, int] = field(default_factory=dict)  # the selectors' counts, logged with the step
     unsettled: list[tuple[list[str], str]] = field(default_factory=list)  # skips marked when the step ends
     dropped: int = 0
-    unsolved: int = 0  # kept sessions of unsolved groups (trainer.unsolved_advantage)
+
+    def add(self, claim: Selection) -> None:
+        self.kept += claim.sessions
+        self.baseline.update(claim.baseline)
+        self.scale.update(claim.scale)
+        for skip in claim.skips:
+            self.skipped.setdefault(skip.counted_as, []).extend(skip.session_ids)
+        for name, n in claim.counts.items():
+            self.counts[name] = self.counts.get(name, 0) + n
 
 
 class Trainer:
@@ -150,6 +90,8 @@ class Trainer:
         self.sync = WeightSync(weights_dir, proxy_url(cfg), cfg.proxy.admin_key, dtype=push_dtype)
         self.metrics = MetricsSink(self.run_dir)
         self.stall = StallWatch(self.tcfg.stall_steps)
+        self.selectors = selectors(self.tcfg)
+        self.claiming = claim_policy(self.tcfg)
         self.state = checkpoint.TrainerState()
         self.stopping = False
         self.model: Any = None
@@ -188,7 +130,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=fused
         )
-        if self.tcfg.kl_coef > 0:
+        if self.tcfg.loss.kl_coef > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, **options).to(self.device).eval()
             self.ref_model.requires_grad_(False)
         if resume is not None:
@@ -218,7 +160,7 @@ class Trainer:
         try:
             while not self.stopping and not self._done():
                 started = time.time()
-                need = self.tcfg.batch_size - len(batch.kept) if self.tcfg.fill_batch else self.tcfg.batch_size
+                need = self.claiming.need(len(batch.kept))
                 claim = self.db.transaction(
                     lambda c, need=need: claim_batch(
                         c,
@@ -237,7 +179,7 @@ class Trainer:
                     time.sleep(self.tcfg.poll_interval_s)
                     continue
                 self._add(batch, claim.session_ids)
-                if self.tcfg.fill_batch and len(batch.kept) < self.tcfg.batch_size:
+                if not self.claiming.complete(len(batch.kept)):
                     continue  # DAPO: claim more until the batch is full of groups with reward variance
                 self._train(batch, started - idle_since)
                 batch = _Batch()
@@ -249,7 +191,7 @@ class Trainer:
             if self.state.step > 0 and self.optimizer is not None:
                 self.state.elapsed_s = self._elapsed()
                 checkpoint.save(
-                    self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
+                    self.run_dir, self.model, self.optimizer, self.state, self.tcfg.checkpoint.keep, self.tokenizer
                 )
             self.metrics.close()
             self.db.close()
@@ -269,69 +211,34 @@ class Trainer:
         self.stopping = True
 
     def _add(self, batch: _Batch, session_ids: list[str]) -> None:
-        """Load claimed sessions into the next step's batch; groups without reward variance are
-        marked skipped (with skip_zero_variance) and only counted."""
+        """Load claimed sessions into the next step's batch through the selectors; what they skip is
+        recorded with its reason."""
         sessions = canonical_order(self.db.read(lambda c: load_samples(c, session_ids)))
         batch.sessions += sessions
-        if self.tcfg.train_per_group:
-            sessions, left_out = downsample_groups(sessions, self.tcfg.train_per_group)
-            if left_out:
-                reason = f"down-sampled: not among its group's {self.tcfg.train_per_group} of largest reward variance"
-                self._skip(batch, left_out, reason)
-                batch.downsampled += left_out
-        baseline, scale, kept, skipped, unsolved = session_advantages(
-            sessions, self.tcfg.advantage, self.tcfg.unsolved_advantage, self.tcfg.unsolved_share
-        )
-        batch.baseline.update(baseline)
-        batch.scale.update(scale)
-        if skipped and self.tcfg.skip_zero_variance:
-            self._skip(batch, skipped, "zero reward variance in its group")
-            batch.skipped += skipped
-            keep = set(kept)
-            batch.kept += [s for s in sessions if s.session_id in keep]
-        else:
-            batch.kept += sessions
-        batch.unsolved += len(unsolved)
+        claim = select(sessions, self.selectors)
+        for skip in claim.skips:
+            self._skip(batch, skip.session_ids, skip.reason)
+        batch.add(claim)
 
     def _skip(self, batch: _Batch, session_ids: list[str], reason: str) -> None:
         """Skipped sessions stay claimed by the step until it ends (so admission control does not
-        start episodes that would sample the weights the step replaces); with fill_batch they are
-        let go at once, since the step itself waits for the episodes that replace them."""
-        if self.tcfg.fill_batch:
+        start episodes that would sample the weights the step replaces), unless the claim policy
+        lets them go at once (DAPO's fill: the step itself waits for the episodes that replace them)."""
+        if self.claiming.settles_skips_at_once:
             self.db.transaction(lambda c: mark_skipped(c, session_ids, reason))
         else:
             batch.unsettled.append((session_ids, reason))
 
     def _train(self, batch: _Batch, waited: float) -> None:
         t0 = time.time()
-        sessions, train_on, skipped, dropped = batch.sessions, batch.kept, batch.skipped, batch.dropped
-        samples = build_samples(train_on, self.tcfg.style, batch.baseline, batch.scale)
+        sessions, train_on = batch.sessions, batch.kept
+        samples = build_samples(train_on, self.tcfg.batch.style, batch.baseline, batch.scale)
         step = self.state.step + 1
         trained_version = self.state.version  # the policy these sessions are measured against
-        result = None
-        if samples:
-            batches = pack(samples, self.tcfg.tokens_per_microbatch, self.pad_id)
-            self._set_lr(step)
-            updates = self.tcfg.minibatches * self.tcfg.epochs
-            if updates > 1 and self.tcfg.proximal == "recompute":
-                recompute_proximal(
-                    self.model, batches, self.device, self.tcfg.tokens_per_microbatch, self.tcfg.autocast_bf16
-                )
-            parts = [batches[i :: self.tcfg.minibatches] for i in range(self.tcfg.minibatches)]
-            for _ in range(self.tcfg.epochs):
-                for part in (p for p in parts if p):
-                    result = train_step(
-                        self.model,
-                        self.optimizer,
-                        part,
-                        self.tcfg,
-                        self.device,
-                        self.state.version,
-                        self.ref_model,
-                        keep_proximal=self.tcfg.epochs > 1,
-                    )
+        result = self._optimize(samples, step) if samples else None
         t_train = time.time() - t0
-        self._audit({"step": step, "trained": [s.session_id for s in train_on], "skipped": skipped + batch.downsampled})
+        skipped = [sid for ids in batch.skipped.values() for sid in ids]
+        self._audit({"step": step, "trained": [s.session_id for s in train_on], "skipped": skipped})
         self.state.step = step
         self.state.samples += len(samples)
         self.state.sessions_trained += len(train_on)
@@ -340,10 +247,10 @@ class Trainer:
             push_s = self.sync.push(self.model, self.state.version + 1)
             self.state.version += 1
         self.db.transaction(lambda c: end_step(c, step, batch.unsettled))
-        if step % self.tcfg.checkpoint_every == 0:
+        if step % self.tcfg.checkpoint.every == 0:
             self.state.elapsed_s = self._elapsed()
             checkpoint.save(
-                self.run_dir, self.model, self.optimizer, self.state, self.tcfg.keep_checkpoints, self.tokenizer
+                self.run_dir, self.model, self.optimizer, self.state, self.tcfg.checkpoint.keep, self.tokenizer
             )
         warning = self.stall.update(len(samples), [x.reward for x in sessions])
         self._log(
@@ -352,24 +259,38 @@ class Trainer:
             sessions,
             samples,
             result,
-            dropped,
-            len(skipped),
+            batch.dropped,
+            len(batch.skipped.get(ZERO_VARIANCE, [])),
             waited,
             t_train,
             push_s,
-            extra=self._counts(batch),
+            extra=batch.counts,
         )
         if warning:
             log.warning(warning)
 
-    def _counts(self, batch: _Batch) -> dict[str, int]:
-        """The batch's counts of the options that are on."""
-        counts = {}
-        if self.tcfg.unsolved_advantage:
-            counts["unsolved_trained"] = batch.unsolved
-        if self.tcfg.train_per_group:
-            counts["downsampled"] = len(batch.downsampled)
-        return counts
+    def _optimize(self, samples: list, step: int) -> StepResult | None:
+        """`epochs` passes over the step's samples, each of `minibatches` optimizer steps."""
+        b = self.tcfg.batch
+        batches = pack(samples, b.tokens_per_microbatch, self.pad_id)
+        self._set_lr(step)
+        if b.minibatches * b.epochs > 1 and self.tcfg.loss.proximal == "recompute":
+            recompute_proximal(self.model, batches, self.device, b.tokens_per_microbatch, self.tcfg.autocast_bf16)
+        parts = [batches[i :: b.minibatches] for i in range(b.minibatches)]
+        result = None
+        for _ in range(b.epochs):
+            for part in (p for p in parts if p):
+                result = train_step(
+                    self.model,
+                    self.optimizer,
+                    part,
+                    self.tcfg,
+                    self.device,
+                    self.state.version,
+                    self.ref_model,
+                    keep_proximal=b.epochs > 1,
+                )
+        return result
 
     def _audit(self, entry: dict[str, Any]) -> None:
         """Append-only record of which sessions each step trained on (and of resumes)."""
@@ -378,7 +299,7 @@ class Trainer:
 
     def _set_lr(self, step: int) -> None:
         spent = progress(step - 1, self._elapsed(), self.tcfg.max_steps, self.tcfg.max_minutes)
-        self.lr = self.tcfg.optim.lr * lr_factor(self.tcfg.optim, step, spent)
+        self.lr = self.tcfg.optim.lr * lr_factor(self.tcfg.schedule, step, spent)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from proxy.config import OptimConfig
+from trainer.config import ScheduleConfig
 
 
 def progress(step: int, elapsed_s: float, max_steps: int, max_minutes: float) -> float:
@@ -23,11 +23,11 @@ def progress(step: int, elapsed_s: float, max_steps: int, max_minutes: float) ->
     return min(spent, 1.0)
 
 
-def lr_factor(optim: OptimConfig, step: int, spent: float) -> float:
+def lr_factor(schedule: ScheduleConfig, step: int, spent: float) -> float:
     """The multiplier of `optim.lr` for step `step` (1-based) at `spent` of the budget."""
-    warm = min(1.0, step / optim.warmup_steps) if optim.warmup_steps else 1.0
-    if optim.schedule == "constant":
+    warm = min(1.0, step / schedule.warmup_steps) if schedule.warmup_steps else 1.0
+    if schedule.shape == "constant":
         return warm
     spent = min(max(spent, 0.0), 1.0)
-    shape = 1.0 - spent if optim.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * spent))
-    return warm * (optim.min_lr_ratio + (1.0 - optim.min_lr_ratio) * shape)
+    shape = 1.0 - spent if schedule.shape == "linear" else 0.5 * (1.0 + math.cos(math.pi * spent))
+    return warm * (schedule.min_lr_ratio + (1.0 - schedule.min_lr_ratio) * shape)

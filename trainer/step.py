@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache
 
-from proxy.config import TrainerConfig
 from trainer.batch import PrefixGroup
+from trainer.config import TrainerConfig
 from trainer.head import head_logprobs
 from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate
 
@@ -204,19 +204,20 @@ def train_step(
     """One optimizer step over `batches`. With `keep_proximal`, the proximal logprobs a group is
     first trained against (interpolated, or the behaviour's) are stored on it, so a later pass over
     the same group (another epoch) is measured against the same proximal policy, not the updated one."""
+    lcfg = cfg.loss
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    normaliser = normaliser_for(batches, cfg.loss_agg)
+    normaliser = normaliser_for(batches, lcfg.agg)
     autocast = _autocast(device, cfg.autocast_bf16)
     total_loss, tokens = 0.0, 0
     sums: dict[str, float] = {}
-    for chunk in microbatches(batches, cfg.tokens_per_microbatch):
+    for chunk in microbatches(batches, cfg.batch.tokens_per_microbatch):
         with autocast:
             logps, entropies = group_logprobs(model, chunk, device, entropy=True)
-        if not cfg.entropy_coef:
+        if not lcfg.entropy_coef:
             entropies = [e.detach() for e in entropies]  # logged only
         refs: list[torch.Tensor | None] = [None] * len(chunk)
-        if ref_model is not None and cfg.kl_coef > 0:
+        if ref_model is not None and lcfg.kl_coef > 0:
             with torch.no_grad(), autocast:
                 refs = list(group_logprobs(ref_model, chunk, device)[0])
         losses = []
@@ -224,9 +225,9 @@ def train_step(
             behav = mb.behav_logprobs.to(device)
             if mb.prox_logprobs is not None:
                 prox = mb.prox_logprobs.to(device)
-            elif cfg.proximal == "behaviour":
+            elif lcfg.proximal == "behaviour":
                 prox = behav
-            elif cfg.proximal == "interpolate":
+            elif lcfg.proximal == "interpolate":
                 prox = proximal_logprobs_interpolate(behav, logp.detach(), mb.versions.to(device), version + 1, version)
             else:
                 prox = logp.detach()
@@ -238,17 +239,17 @@ def train_step(
                 behav,
                 mb.advantages.to(device),
                 mb.loss_mask.to(device),
-                eps_clip=cfg.eps_clip,
-                eps_clip_high=cfg.eps_clip_high,
-                behav_cap=cfg.behav_cap,
-                behav_cap_mode=cfg.behav_cap_mode,
-                ratio_level=cfg.ratio_level,
-                loss_agg=cfg.loss_agg,
+                eps_clip=lcfg.eps_clip,
+                eps_clip_high=lcfg.eps_clip_high,
+                behav_cap=lcfg.behav_cap,
+                behav_cap_mode=lcfg.behav_cap_mode,
+                ratio_level=lcfg.ratio_level,
+                loss_agg=lcfg.agg,
                 ref_logp=ref,
-                kl_coef=cfg.kl_coef,
+                kl_coef=lcfg.kl_coef,
                 normaliser=normaliser,
                 entropy=ent,
-                entropy_coef=cfg.entropy_coef,
+                entropy_coef=lcfg.entropy_coef,
             )
             losses.append(loss)
             n = mb.num_tokens

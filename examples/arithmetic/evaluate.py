@@ -23,10 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from proxy.config import DEVICES, EngineConfig  # noqa: E402
 from proxy.engines.base import SamplingParams, generate  # noqa: E402
+from proxy.engines.config import EngineConfig  # noqa: E402
 from proxy.engines.local import LocalEngine  # noqa: E402
 from proxy.render import Renderer  # noqa: E402
+from proxy.sections import DEVICES  # noqa: E402
 from rewards.extract import extract_answer_number, numbers_equal  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

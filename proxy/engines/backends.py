@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from proxy.config import EngineConfig
     from proxy.engines.base import Engine
+    from proxy.engines.config import EngineConfig
 
     EngineClass = Callable[[EngineConfig], Engine]
 

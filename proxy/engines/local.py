@@ -35,7 +35,6 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache
 
-from proxy.config import EngineConfig
 from proxy.engines.base import (
     EngineRequestError,
     EngineUnavailable,
@@ -45,6 +44,7 @@ from proxy.engines.base import (
     StreamDelta,
     check_sampling,
 )
+from proxy.engines.config import EngineConfig
 from proxy.engines.kv import BatchKV
 from proxy.engines.lean import FastForward, Segment
 from proxy.engines.prefix_cache import BLOCK, Block, PrefixCache, past_of

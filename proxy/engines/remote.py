@@ -22,7 +22,6 @@ from typing import Any, ClassVar, Protocol
 import aiohttp
 import orjson
 
-from proxy.config import EngineConfig
 from proxy.engines.base import (
     EngineRequestError,
     EngineUnavailable,
@@ -31,6 +30,7 @@ from proxy.engines.base import (
     StreamDelta,
     check_sampling,
 )
+from proxy.engines.config import EngineConfig
 from proxy.engines.pool import (
     JSON_HEADERS,
     Server,

@@ -1,8 +1,8 @@
 """`POST /v1/chat/completions` (also under `/sessions/{id}/v1/`): OpenAI's wire format.
 
-Thin: parse the body, prepare the turn, then either answer once every choice is
-recorded, or stream `chat.completion.chunk` events as tokens are sampled — role
-chunk, content deltas, tool-call deltas, finish chunk, a usage chunk (always),
+Thin: the body arrives validated (`proxy/schemas/chat.py`); prepare the turn, then either
+answer once every choice is recorded, or stream `chat.completion.chunk` events as tokens are
+sampled — role chunk, content deltas, tool-call deltas, finish chunk, a usage chunk (always),
 `[DONE]` — where the finish chunks are sent only after the store commit.
 """
 
@@ -12,15 +12,17 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from starlette.responses import Response, StreamingResponse
 
-from proxy.chat_request import parse_chat_request
+from proxy.chat_request import chat_request
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.errors import APIError
-from proxy.routes.common import caller_of, json_body, json_response, served_model, sse, state_of
+from proxy.routes.common import JsonRoute, json_response, sse
+from proxy.routes.deps import CallerDep, Completions, State
+from proxy.schemas.chat import ChatCompletionRequest
 
-router = APIRouter()
+router = APIRouter(route_class=JsonRoute)
 
 
 def token_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float], tops: Any, eos: set[int]) -> list[dict]:
@@ -58,20 +60,19 @@ def _headers(turn: Turn) -> dict[str, str]:
 
 @router.post("/v1/chat/completions")
 @router.post("/sessions/{session_id}/v1/chat/completions")
-async def chat_completions(request: Request, session_id: str | None = None) -> Response:
-    state = state_of(request)
+async def chat_completions(
+    body: ChatCompletionRequest, caller: CallerDep, completions: Completions, state: State
+) -> Response:
     started = time.perf_counter()
-    body = await json_body(request)
-    state.require_ready()
-    chat = parse_chat_request(body, state.cfg.proxy.max_n)
-    turn = await state.completions.prepare(caller_of(request, session_id), chat, "chat", "chatcmpl-")
-    model = chat.model or served_model(state)
+    chat = chat_request(body, state.cfg.proxy.max_n)
+    turn = await completions.prepare(caller, chat, "chat", "chatcmpl-")
+    model = chat.model or state.served_name
     if chat.stream:
         return await _stream(state, turn, model, started)
-    results = await state.completions.run(turn)
+    results = await completions.run(turn)
     state.observe_call("chat", started, results)
     tok = state.renderer.tokenizer
-    eos = state.completions.eos_ids
+    eos = completions.eos_ids
     choices = []
     for r in results:
         message = {**r.reply.message(), "refusal": None}

@@ -1,34 +1,17 @@
-"""What every route needs: the app state, the caller, the JSON body, JSON/SSE encoding."""
+"""What every route needs to answer: JSON and SSE encoding, and errors in its API's shape
+(OpenAI's everywhere, Anthropic's on the Messages routes)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import orjson
 from fastapi import Request
+from fastapi.routing import APIRoute
 from starlette.responses import Response
 
-from proxy.errors import APIError, invalid_request
-from proxy.sessions import Caller, bearer
-
-
-def state_of(request: Request) -> Any:
-    return request.app.state.areal
-
-
-def caller_of(request: Request, session_id: str | None = None) -> Caller:
-    token = bearer(request.headers.get("authorization"), request.headers.get("x-api-key"))
-    return Caller(token=token, path_session=session_id)
-
-
-async def json_body(request: Request) -> Any:
-    raw = await request.body()
-    if not raw:
-        raise invalid_request("the request body is empty; send a JSON object")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+from proxy.errors import APIError
 
 
 def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -39,9 +22,56 @@ def error_response(exc: APIError) -> Response:
     return Response(exc.json(), status_code=exc.status, media_type="application/json", headers=exc.headers)
 
 
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def is_messages_route(path: str) -> bool:
+    """The Anthropic Messages routes, which answer errors in Anthropic's shape."""
+    return path.endswith(("/v1/messages", "/v1/messages/count_tokens"))
+
+
+def anthropic_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "api_error")
+
+
+def anthropic_error(exc: APIError) -> Response:
+    """`{"type": "error", "error": {"type", "message"}}`, as Anthropic's SDK parses it."""
+    payload = {"type": "error", "error": {"type": anthropic_type(exc.status), "message": exc.message}}
+    return json_response(payload, status=exc.status, headers=exc.headers)
+
+
 def sse(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def served_model(state: Any) -> str:
-    return state.served_name
+class JsonRequest(Request):
+    """A request whose JSON body orjson parses: strict JSON (no NaN, no lone surrogates, integers
+    within 64 bits, nesting within 1,024 levels), any violation a `JSONDecodeError` FastAPI turns
+    into a 400; the standard library's parser let a lone surrogate through to fail later as a 500."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = orjson.loads(await self.body())
+        return self._json
+
+
+class JsonRoute(APIRoute):
+    """The route class of every router: bodies are parsed by `JsonRequest`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            return await handler(JsonRequest(request.scope, request.receive))
+
+        return route

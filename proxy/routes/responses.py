@@ -14,54 +14,60 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from starlette.responses import Response, StreamingResponse
 
-from proxy.chat_request import ChatRequest, _bool, _integer, _number, parse_tool_choice, parse_tools
+from proxy.chat_request import ChatRequest, function_tool, tool_choice
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.conversation import content_text, normalize_messages
 from proxy.errors import APIError, invalid_request, not_found
 from proxy.routes.chat import token_logprobs, usage
-from proxy.routes.common import caller_of, json_body, json_response, served_model, state_of
+from proxy.routes.common import JsonRoute, json_response
+from proxy.routes.deps import CallerDep, Completions, State
+from proxy.schemas.responses import InputItem, NamedFunctionChoice, ResponsesRequest
 from proxy.sessions import Caller
 from proxy.store.turns import response_messages
 
-router = APIRouter()
+if TYPE_CHECKING:
+    from proxy.app import AppState
 
-_MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+router = APIRouter(route_class=JsonRoute)
+
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 # -- request: items → chat messages ---------------------------------------------------
-def input_messages(raw: Any, call_ids: set[str]) -> list[dict[str, Any]]:
+def _texts(parts: Any, param: str) -> str:
+    """A message's or a function output's content (a string, or text parts) as one string."""
+    if isinstance(parts, list):
+        parts = [p if isinstance(p, str) else p.model_dump(exclude_none=True) for p in parts]
+    return content_text(parts, param)
+
+
+def input_messages(items: str | list[InputItem], call_ids: set[str]) -> list[dict[str, Any]]:
     """Responses input (a string or items) as chat messages, assistant output items merged per turn.
 
     `call_ids` holds the call ids of earlier turns (previous_response_id); new ones are added.
     """
-    if isinstance(raw, str):
-        return [{"role": "user", "content": raw}]
-    if not isinstance(raw, list):
-        raise invalid_request("input must be a string or an array of input items", "input")
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
     turn_open = False  # the last message is an assistant turn that function_call items may join
     reasoning: list[str] = []
-    for i, item in enumerate(raw):
+    for i, item in enumerate(items):
         p = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise invalid_request(f"{p} must be an object", p)
-        kind = item.get("type") or ("message" if "role" in item else None)
+        kind = item.type or ("message" if item.role is not None else None)
         if kind == "message":
-            role = item.get("role")
-            if role not in _MESSAGE_ROLES:
-                raise invalid_request(f"{p}.role must be one of {', '.join(_MESSAGE_ROLES)}", f"{p}.role")
-            msg: dict[str, Any] = {"role": role, "content": content_text(item.get("content"), f"{p}.content")}
-            if role == "assistant" and reasoning:
+            if item.role is None:
+                raise invalid_request(f"{p}.role is required for a message item", f"{p}.role")
+            msg: dict[str, Any] = {"role": item.role, "content": _texts(item.content, f"{p}.content")}
+            if item.role == "assistant" and reasoning:
                 msg["reasoning_content"], reasoning = "\n".join(reasoning), []
             messages.append(msg)
-            turn_open = role == "assistant"
+            turn_open = item.role == "assistant"
         elif kind == "function_call":
             call = _function_call(item, p)
             call_ids.add(call["id"])
@@ -74,125 +80,94 @@ def input_messages(raw: Any, call_ids: set[str]) -> list[dict[str, Any]]:
                 messages.append(msg)
                 turn_open = True
         elif kind == "function_call_output":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str) or call_id not in call_ids:
-                raise invalid_request(f"{p}.call_id {call_id!r} matches no earlier function_call", f"{p}.call_id")
-            output = item.get("output")
-            text = output if isinstance(output, str) else content_text(output, f"{p}.output")
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+            if item.call_id not in call_ids:
+                raise invalid_request(f"{p}.call_id {item.call_id!r} matches no earlier function_call", f"{p}.call_id")
+            text = _texts(item.output if item.output is not None else "", f"{p}.output")
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
             turn_open = False
         elif kind == "reasoning":
-            reasoning.extend(_reasoning_texts(item, p))
+            reasoning.extend(_reasoning_texts(item))
             turn_open = False  # reasoning opens the next assistant turn
         else:
             raise invalid_request(
-                f"{p}.type {kind!r} is not supported: use message, function_call, function_call_output or reasoning",
-                f"{p}.type",
+                f"{p} needs a type (message, function_call, function_call_output, reasoning)", f"{p}.type"
             )
     return messages
 
 
-def _function_call(item: dict[str, Any], p: str) -> dict[str, Any]:
-    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "")
-    if not isinstance(call_id, str) or not call_id:
+def _function_call(item: InputItem, p: str) -> dict[str, Any]:
+    if item.call_id is None:
         raise invalid_request(f"{p}.call_id is required", f"{p}.call_id")
-    if not isinstance(name, str) or not name:
+    if not item.name:
         raise invalid_request(f"{p}.name is required", f"{p}.name")
-    if not isinstance(arguments, str):
-        raise invalid_request(f"{p}.arguments must be a JSON string", f"{p}.arguments")
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    arguments = item.arguments if item.arguments is not None else ""
+    return {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": arguments}}
 
 
-def _reasoning_texts(item: dict[str, Any], p: str) -> list[str]:
-    texts = []
-    for key in ("content", "summary"):
-        parts = item.get(key) or []
-        if not isinstance(parts, list):
-            raise invalid_request(f"{p}.{key} must be an array", f"{p}.{key}")
-        texts += [part["text"] for part in parts if isinstance(part, dict) and isinstance(part.get("text"), str)]
+def _reasoning_texts(item: InputItem) -> list[str]:
+    """A reasoning item's full text when given, else its summary."""
+    full = item.content if isinstance(item.content, list) else []
+    for parts in (full, item.summary or []):
+        texts = [part.text for part in parts if not isinstance(part, str) and part.text is not None]
         if texts:
-            break  # full reasoning text when given, else its summary
-    return texts
+            return texts
+    return []
 
 
-def parse_tools_and_choice(body: dict[str, Any]) -> tuple[list[dict], str | dict, list[dict]]:
-    """Flat Responses function tools → chat tools; also the tools as echoed back."""
-    raw = body.get("tools")
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list):
-        raise invalid_request("tools must be an array", "tools")
-    chat_tools, echo = [], []
-    for i, tool in enumerate(raw):
-        p = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            raise invalid_request(f"{p}.type {kind!r} is not supported: only function tools are", f"{p}.type")
-        if not isinstance(tool.get("name"), str):
-            raise invalid_request(f"{p}.name is required", f"{p}.name")
-        fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
-        chat_tools.append({"type": "function", "function": fn})
-        echo.append({"type": "function", "strict": tool.get("strict"), "parameters": None, **fn})
-    tools = parse_tools(chat_tools)
-    raw_choice = body.get("tool_choice")
-    if isinstance(raw_choice, dict):
-        if raw_choice.get("type") != "function" or not isinstance(raw_choice.get("name"), str):
-            raise invalid_request("tool_choice must be auto, none, required or {type: function, name}", "tool_choice")
-        raw_choice = {"type": "function", "function": {"name": raw_choice["name"]}}
-    return tools, parse_tool_choice(raw_choice, tools), echo
+def chat_tools_and_choice(body: ResponsesRequest) -> tuple[list[dict], str | dict]:
+    """Flat Responses function tools → chat tools, and the tool choice."""
+    tools = [function_tool(t.name, t.description, t.parameters) for t in body.tools or ()]
+    choice = body.tool_choice
+    if isinstance(choice, NamedFunctionChoice):
+        return tools, tool_choice(None, choice.name, tools)
+    return tools, tool_choice(choice, None, tools)
 
 
-def parse_responses_request(body: Any, history: list[dict[str, Any]] | None) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise invalid_request("the request body must be a JSON object")
-    model = body.get("model", "")
-    if not isinstance(model, str):
-        raise invalid_request("model must be a string", "model", "invalid_type")
-    if body.get("conversation") is not None:
+def echoed_tools(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's tools as a Response object echoes them."""
+    out = []
+    for t in body.tools or ():
+        fn = function_tool(t.name, t.description, t.parameters)["function"]
+        out.append({"type": "function", "strict": t.strict, "parameters": None, **fn})
+    return out
+
+
+def responses_request(body: ResponsesRequest, history: list[dict[str, Any]] | None) -> ChatRequest:
+    if body.conversation is not None:
         raise invalid_request("conversation is not supported: resend the items or use previous_response_id")
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise invalid_request("instructions must be a string", "instructions")
-    if body.get("input") is None and history is None:
+    if body.input is None and history is None:
         raise invalid_request("input is required", "input")
     messages = list(history or [])
-    if instructions is not None:
-        system = {"role": "system", "content": instructions}
+    if body.instructions is not None:
+        system = {"role": "system", "content": body.instructions}
         if messages and messages[0]["role"] == "system":
-            messages[0] = {**messages[0], "content": instructions}
+            messages[0] = {**messages[0], "content": body.instructions}
         else:
             messages.insert(0, system)
-    if body.get("input") is not None:
+    if body.input is not None:
         known = {c["id"] for m in messages for c in m.get("tool_calls") or ()}
-        messages += input_messages(body["input"], known)
+        messages += input_messages(body.input, known)
     if not messages:
         raise invalid_request("input must contain at least one item", "input")
-    tools, tool_choice, _ = parse_tools_and_choice(body)
-    top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
-    if top_p <= 0.0:
-        raise invalid_request("top_p must be greater than 0", "top_p", "invalid_value")
-    include = body.get("include") or []
-    top_logprobs = _integer(body, "top_logprobs", 0, 20) or 0
+    tools, choice = chat_tools_and_choice(body)
     return ChatRequest(
-        model=model,
+        model=body.model,
         messages=normalize_messages(messages),
-        stream=_bool(body, "stream"),
-        max_tokens=_integer(body, "max_output_tokens", 1),
-        temperature=_number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=top_p,
-        logprobs=isinstance(include, list) and _LOGPROBS_INCLUDE in include,
-        top_logprobs=top_logprobs,
+        stream=body.stream,
+        max_tokens=body.max_output_tokens,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        seed=body.seed,
+        logprobs=_LOGPROBS_INCLUDE in (body.include or ()),
+        top_logprobs=body.top_logprobs or 0,
         tools=tools,
-        tool_choice=tool_choice,
+        tool_choice=choice,
     )
 
 
-async def previous_messages(state: Any, caller: Caller, response_id: Any) -> list[dict[str, Any]]:
+async def previous_messages(state: AppState, caller: Caller, response_id: str) -> list[dict[str, Any]]:
     """The full conversation of a recorded response, its reply included, if the caller may see it."""
-    if not isinstance(response_id, str) or not response_id:
-        raise invalid_request("previous_response_id must be a string", "previous_response_id")
     session = await state.sessions.for_model_call(caller)
-
     session_id = session.id if session is not None else None
     messages = await state.db.aread(lambda c: response_messages(c, response_id, session_id))
     if messages is None:
@@ -237,13 +212,13 @@ def output_items(turn: Turn, result: ChoiceResult, logprobs: list[dict]) -> list
 
 
 def response_object(
-    turn: Turn, body: dict[str, Any], model: str, output: list[dict], results: list[ChoiceResult] | None
+    turn: Turn, body: ResponsesRequest, model: str, output: list[dict], results: list[ChoiceResult] | None
 ) -> dict[str, Any]:
     request = turn.request
     done = results is not None
     truncated = done and results[0].reply.finish_reason == "length"
     choice = request.tool_choice
-    _, _, tools = parse_tools_and_choice(body)
+    tools = echoed_tools(body)
     payload: dict[str, Any] = {
         "id": turn.response_id,
         "object": "response",
@@ -252,12 +227,12 @@ def response_object(
         "status": "completed" if done else "in_progress",
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
-        "instructions": body.get("instructions"),
+        "instructions": body.instructions,
         "max_output_tokens": request.max_tokens,
         "model": model,
         "output": output,
-        "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
-        "previous_response_id": body.get("previous_response_id"),
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "previous_response_id": body.previous_response_id,
         "reasoning": {"effort": None, "summary": None},
         "store": True,
         "temperature": request.temperature,
@@ -268,7 +243,7 @@ def response_object(
         "truncation": "disabled",
         "usage": None,
         "user": None,
-        "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
+        "metadata": body.metadata or {},
     }
     if done:
         chat = usage(turn, results)
@@ -294,28 +269,26 @@ def _logprobs(state: Any, turn: Turn, result: ChoiceResult) -> list[dict]:
 # -- route --------------------------------------------------------------------------
 @router.post("/v1/responses")
 @router.post("/sessions/{session_id}/v1/responses")
-async def create_response(request: Request, session_id: str | None = None) -> Response:
-    state = state_of(request)
-    state.require_ready()
+async def create_response(
+    body: ResponsesRequest, caller: CallerDep, completions: Completions, state: State
+) -> Response:
     started = time.perf_counter()
-    body = await json_body(request)
-    caller = caller_of(request, session_id)
     history = None
-    if isinstance(body, dict) and body.get("previous_response_id") is not None:
-        history = await previous_messages(state, caller, body["previous_response_id"])
-    chat = parse_responses_request(body, history)
-    turn = await state.completions.prepare(caller, chat, "responses", "resp_")
-    model = chat.model or served_model(state)
+    if body.previous_response_id is not None:
+        history = await previous_messages(state, caller, body.previous_response_id)
+    chat = responses_request(body, history)
+    turn = await completions.prepare(caller, chat, "responses", "resp_")
+    model = chat.model or state.served_name
     headers = {"x-request-id": turn.response_id, "x-areal-session-id": turn.session_id}
     if chat.stream:
-        events = state.completions.stream(turn)
+        events = completions.stream(turn)
         first = await anext(events)  # an engine outage before the first token is a real 503
         return StreamingResponse(
             _stream(state, turn, body, model, first, events, started),
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
         )
-    results = await state.completions.run(turn)
+    results = await completions.run(turn)
     state.observe_call("responses", started, results)
     output = output_items(turn, results[0], _logprobs(state, turn, results[0]))
     return json_response(response_object(turn, body, model, output, results), headers=headers)
@@ -347,7 +320,7 @@ def _open_message(event: _Events, turn: Turn) -> list[bytes]:
 
 
 async def _stream(
-    state: Any, turn: Turn, body: dict, model: str, first: Any, events: AsyncIterator, started: float
+    state: AppState, turn: Turn, body: ResponsesRequest, model: str, first: Any, events: AsyncIterator, started: float
 ) -> AsyncIterator[bytes]:
     event = _Events()
     yield event("response.created", response=response_object(turn, body, model, [], None))

@@ -27,27 +27,18 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response, StreamingResponse
 
 from proxy.config import Config
 from proxy.engines.base import EngineRequestError, EngineUnavailable, SamplingParams, StreamDelta
 from proxy.engines.local import LocalEngine
+from proxy.routes.common import JsonRoute
+from proxy.schemas.common import validation_error
+from proxy.schemas.engine import GenerateRequest, PauseGeneration, SGLangSampling, UpdateWeights
 
 log = logging.getLogger(__name__)
 
-SGLANG_DEFAULT_MAX_NEW_TOKENS = 128
-_ACCEPTED = {
-    "max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "ignore_eos",
-    "sampling_seed", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens",
-}  # fmt: skip
-# SGLang sampling parameters the embedded engine accepts only at their neutral value.
-_NEUTRAL = {
-    "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
-    "min_new_tokens": 0, "n": 1, "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None,
-    "logit_bias": None, "stop_regex": None, "custom_params": None,
-}  # fmt: skip
-# Top-level `/generate` features the embedded engine does not have (falsy values are fine).
-_UNSUPPORTED = ("input_embeds", "image_data", "audio_data", "lora_path", "session_params", "return_hidden_states")
 _CLAMPED_LOGPROB = -999999999.0  # JSON has no -inf; SGLang clamps to this
 
 
@@ -93,59 +84,26 @@ class Job:
             self.finish = {"type": "abort", "message": delta.abort_message or "aborted"}
 
 
-def parse_sampling(raw: Any, prompt_len: int, max_context: int, top_logprobs: int) -> tuple[SamplingParams, dict]:
-    """SGLang `sampling_params` → engine params + text options; `RequestError` on what cannot be honoured."""
-    raw = raw or {}
-    if not isinstance(raw, dict):
-        raise RequestError("sampling_params must be an object")
-    for key, value in raw.items():
-        if key in _NEUTRAL:
-            if value not in (_NEUTRAL[key], None):
-                raise RequestError(f"sampling_params.{key}={value!r} is not supported by the embedded engine")
-        elif key not in _ACCEPTED:
-            raise RequestError(f"unknown sampling parameter {key!r}")
-    max_new = raw.get("max_new_tokens", SGLANG_DEFAULT_MAX_NEW_TOKENS)
-    max_new = max_context - prompt_len if max_new is None else max_new
-    temperature, top_p, top_k = raw.get("temperature", 1.0), raw.get("top_p", 1.0), raw.get("top_k", -1)
-    seed = raw.get("sampling_seed")
-    if not _is_int(max_new) or max_new < 0:
-        raise RequestError(f"max_new_tokens must be a non-negative integer, got {max_new!r}")
-    if not _is_number(temperature) or temperature < 0:
-        raise RequestError(f"temperature must be non-negative, got {temperature!r}")
-    if not _is_number(top_p) or not 0 < top_p <= 1:
-        raise RequestError(f"top_p must be in (0, 1], got {top_p!r}")
-    if not _is_int(top_k) or top_k == 0 or top_k < -1:
-        raise RequestError(f"top_k must be -1 (disable), or at least 1, got {top_k!r}")
-    if seed is not None and not _is_int(seed):
-        raise RequestError(f"sampling_seed must be an integer, got {seed!r}")
-    stop = raw.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    stop_ids = raw.get("stop_token_ids") or []
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise RequestError("stop must be a string or a list of non-empty strings")
-    if not isinstance(stop_ids, list) or not all(_is_int(i) for i in stop_ids):
-        raise RequestError("stop_token_ids must be a list of integers")
+def parse_sampling(
+    raw: SGLangSampling | None, prompt_len: int, max_context: int, top_logprobs: int
+) -> tuple[SamplingParams, dict]:
+    """SGLang `sampling_params` (validated) → engine params + text options."""
+    raw = raw or SGLangSampling()
+    if raw.top_k == 0:
+        raise RequestError("top_k must be -1 (disable), or at least 1, got 0")
+    stop = [raw.stop] if isinstance(raw.stop, str) else raw.stop or []
     params = SamplingParams(
-        max_new_tokens=max_new,
-        temperature=float(temperature),
-        top_p=float(top_p),
-        top_k=max(top_k, 0),
-        seed=seed,
+        max_new_tokens=max_context - prompt_len if raw.max_new_tokens is None else raw.max_new_tokens,
+        temperature=raw.temperature,
+        top_p=raw.top_p,
+        top_k=max(raw.top_k, 0),
+        seed=raw.sampling_seed,
         stop=tuple(stop),
-        stop_token_ids=tuple(stop_ids),
-        ignore_eos=bool(raw.get("ignore_eos", False)),
+        stop_token_ids=tuple(raw.stop_token_ids or ()),
+        ignore_eos=raw.ignore_eos,
         top_logprobs=top_logprobs,
     )
-    text = {"skip_special_tokens": raw.get("skip_special_tokens", True), "no_stop_trim": raw.get("no_stop_trim", False)}
-    return params, text
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return params, {"skip_special_tokens": raw.skip_special_tokens, "no_stop_trim": raw.no_stop_trim}
 
 
 def _clamp(logprob: float) -> float:
@@ -174,47 +132,36 @@ class EngineServer:
             return self.engine.version + 1
 
     # -- /generate ----------------------------------------------------------------
-    def parse_generate(self, body: Any) -> tuple[list[Job], bool]:
+    def parse_generate(self, body: GenerateRequest) -> tuple[list[Job], bool]:
         """The jobs of a `/generate` body and whether it was a batch."""
-        if not isinstance(body, dict):
-            raise RequestError("the request body must be a JSON object")
-        for key in _UNSUPPORTED:
-            if body.get(key):
-                raise RequestError(f"{key} is not supported by the embedded engine")
-        if (body.get("input_ids") is None) == (body.get("text") is None):
+        if (name := body.unsupported()) is not None:
+            raise RequestError(f"{name} is not supported by the embedded engine")
+        if (body.input_ids is None) == (body.text is None):
             raise RequestError("Either text or input_ids should be provided, but not both.")
-        prompts = body["input_ids"] if body.get("input_ids") is not None else body["text"]
-        batch = isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], list | str)
-        prompts = prompts if batch else [prompts]
-        if body.get("text") is not None:
-            if not all(isinstance(t, str) for t in prompts):
-                raise RequestError("text must be a string or a list of strings")
-            prompts = [self.engine.tokenizer.encode(t) for t in prompts]
-        rids = body.get("rid")
-        rids = rids if isinstance(rids, list) else [rids] * len(prompts)
-        samplings = body.get("sampling_params")
-        samplings = samplings if isinstance(samplings, list) else [samplings] * len(prompts)
+        if body.input_ids is not None:
+            batch = isinstance(body.input_ids[0], list)
+            prompts = body.input_ids if batch else [body.input_ids]
+        else:
+            batch = isinstance(body.text, list)
+            prompts = [self.engine.tokenizer.encode(t) for t in (body.text if batch else [body.text])]
+        rids = body.rid if isinstance(body.rid, list) else [body.rid] * len(prompts)
+        samplings = body.sampling_params if isinstance(body.sampling_params, list) else [body.sampling_params]
+        samplings = samplings * len(prompts) if not isinstance(body.sampling_params, list) else samplings
         if len(rids) != len(prompts) or len(samplings) != len(prompts):
             raise RequestError("rid and sampling_params lists must match the number of prompts")
-        top_n = body.get("top_logprobs_num") or 0
-        if not _is_int(top_n) or top_n < 0:
-            raise RequestError(f"top_logprobs_num must be a non-negative integer, got {top_n!r}")
-        start = body.get("logprob_start_len", -1)
-        vocab = getattr(self.engine.model.config, "vocab_size", None) or len(self.engine.tokenizer)
+        start = body.logprob_start_len
         jobs = []
         for ids, rid, sampling in zip(prompts, rids, samplings, strict=True):
-            if not isinstance(ids, list) or not ids or not all(_is_int(i) for i in ids):
+            if not ids:
                 raise RequestError("input_ids must be a non-empty list of token ids")
-            if _is_int(start) and 0 <= start < len(ids):
+            if isinstance(start, int) and 0 <= start < len(ids):
                 raise RequestError("input token logprobs (logprob_start_len >= 0) are not supported")
             if len(ids) >= self.engine.info.max_context:
                 raise RequestError(
                     f"The input ({len(ids)} tokens) is longer than the model's context length "
                     f"({self.engine.info.max_context} tokens)."
                 )
-            if any(i < 0 or i >= vocab for i in ids):
-                raise RequestError(f"input_ids contain ids outside the vocabulary (0..{vocab - 1})")
-            params, text = parse_sampling(sampling, len(ids), self.engine.info.max_context, top_n)
+            params, text = parse_sampling(sampling, len(ids), self.engine.info.max_context, body.top_logprobs_num)
             jobs.append(
                 Job(rid=str(rid) if rid is not None else uuid.uuid4().hex, input_ids=ids, params=params, **text)
             )
@@ -232,7 +179,7 @@ class EngineServer:
                 job.add(delta)
                 yield job
 
-    def answer(self, job: Job, body: dict[str, Any]) -> dict[str, Any]:
+    def answer(self, job: Job, body: GenerateRequest) -> dict[str, Any]:
         """SGLang's `{"text", "output_ids", "meta_info"}` for the job as it stands (cumulative)."""
         meta: dict[str, Any] = {
             "id": job.rid,
@@ -244,8 +191,8 @@ class EngineServer:
             "weight_versions": self.spans(job.versions),
             "e2e_latency": round(time.perf_counter() - job.started, 4),
         }
-        if body.get("return_logprob"):
-            with_text = bool(body.get("return_text_in_logprobs"))
+        if any(body.return_logprob) if isinstance(body.return_logprob, list) else body.return_logprob:
+            with_text = body.return_text_in_logprobs
             meta["output_token_logprobs"] = [
                 [_clamp(lp), i, self._token_text(i) if with_text else None]
                 for lp, i in zip(job.logprobs, job.ids, strict=True)
@@ -280,12 +227,12 @@ class EngineServer:
     def _token_text(self, token: int) -> str:
         return self.engine.tokenizer.decode([token])
 
-    async def generate(self, job: Job, body: dict[str, Any]) -> dict[str, Any]:
+    async def generate(self, job: Job, body: GenerateRequest) -> dict[str, Any]:
         async for _ in self.run(job):
             pass
         return self.answer(job, body)
 
-    async def stream_events(self, job: Job, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def stream_events(self, job: Job, body: GenerateRequest) -> AsyncIterator[bytes]:
         try:
             async for state in self.run(job):
                 yield b"data: " + orjson.dumps(self.answer(state, body)) + b"\n\n"
@@ -324,22 +271,20 @@ class EngineServer:
             "internal_states": [{"paused": self.engine.paused, "in_flight": self.engine.in_flight}],
         }
 
-    async def update_weights(self, body: Any) -> tuple[dict[str, Any], int]:
-        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
-            return {"success": False, "message": "model_path is required", "num_paused_requests": 0}, 400
-        if body.get("abort_all_requests"):
+    async def update_weights(self, body: UpdateWeights) -> tuple[dict[str, Any], int]:
+        if body.abort_all_requests:
             return {"success": False, "message": "abort_all_requests is not supported", "num_paused_requests": 0}, 400
         async with self.update_lock:
             held = self.engine.in_flight if self.engine.paused else 0
-            version = self.to_version(body.get("weight_version"))
+            version = self.to_version(body.weight_version)
             try:
-                await self.engine.update_weights(body["model_path"], version)
+                await self.engine.update_weights(body.model_path, version)
             except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
                 message = f"Failed to update weights: {exc}. The previous weights stay loaded."
                 return {"success": False, "message": message, "num_paused_requests": held}, 400
-            if body.get("weight_version") is not None:
-                self.labels[version] = str(body["weight_version"])
-        log.info("weights from %s loaded as version %s", body["model_path"], self.label(version))
+            if body.weight_version is not None:
+                self.labels[version] = str(body.weight_version)
+        log.info("weights from %s loaded as version %s", body.model_path, self.label(version))
         message = "Succeeded to update model weights."
         return {"success": True, "message": message, "num_paused_requests": held}, 200
 
@@ -357,7 +302,12 @@ def create_engine_app(cfg: Config) -> FastAPI:
             await server.engine.stop()
 
     app = FastAPI(title="areal-proxy engine", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.router.route_class = JsonRoute
     app.state.server = server
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+        return json_response(error_body(validation_error(list(exc.errors())).message, 400), 400)
 
     @app.exception_handler(RequestError)
     async def _bad_request(_: Request, exc: RequestError) -> Response:
@@ -372,10 +322,9 @@ def create_engine_app(cfg: Config) -> FastAPI:
         return json_response(error_body(str(exc), 503), 503)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(request: Request) -> Response:
-        body = await _json(request)
+    async def generate(body: GenerateRequest) -> Response:
         jobs, batch = server.parse_generate(body)
-        if body.get("stream"):
+        if body.stream:
             if batch:
                 raise RequestError("streaming a batch of prompts is not supported by the embedded engine")
             return StreamingResponse(server.stream_events(jobs[0], body), media_type="text/event-stream")
@@ -383,16 +332,13 @@ def create_engine_app(cfg: Config) -> FastAPI:
         return json_response(answers if batch else answers[0])
 
     @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request) -> Response:
-        answer, status = await server.update_weights(await _json(request))
+    async def update_weights_from_disk(body: UpdateWeights) -> Response:
+        answer, status = await server.update_weights(body)
         return json_response(answer, status)
 
     @app.post("/pause_generation")
-    async def pause_generation(request: Request) -> Response:
-        body = await _json(request, default={})
-        mode = (body or {}).get("mode", "abort")
-        if mode not in ("abort", "retract", "in_place"):
-            raise RequestError(f"mode must be abort, retract or in_place, got {mode!r}")
+    async def pause_generation(body: PauseGeneration | None = None) -> Response:
+        mode = (body or PauseGeneration()).mode
         held = await server.engine.pause()
         log.info("generation paused (mode %s): %d requests held", mode, held)
         return json_response({"message": "Generation paused successfully.", "status": "ok"})
@@ -421,24 +367,12 @@ def create_engine_app(cfg: Config) -> FastAPI:
         await server.engine.health()
         job = Job(rid=f"health-{uuid.uuid4().hex}", input_ids=[0], params=SamplingParams(max_new_tokens=1))
         try:
-            await asyncio.wait_for(server.generate(job, {}), timeout=60)
+            await asyncio.wait_for(server.generate(job, GenerateRequest()), timeout=60)
         except TimeoutError:
             return json_response(error_body("no token generated within 60 s (paused or overloaded)", 503), 503)
         return Response(status_code=200)
 
     return app
-
-
-async def _json(request: Request, default: Any = None) -> Any:
-    raw = await request.body()
-    if not raw.strip():
-        if default is not None:
-            return default
-        raise RequestError("the request body is empty; send a JSON object")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}") from None
 
 
 def serve_engine(cfg: Config, host: str, port: int) -> int:

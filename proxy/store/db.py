@@ -28,7 +28,7 @@ from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import Engine as SAEngine
 from sqlalchemy.engine import make_url
 
-from proxy.config import StoreConfig
+from proxy.store.config import StoreConfig
 from proxy.store.migrations import migrate
 
 log = logging.getLogger(__name__)

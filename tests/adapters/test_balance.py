@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from adapters.balance import KindBalancer
+from adapters.config import RolloutConfig
 from adapters.runner import EpisodeRunner
-from proxy.config import RolloutConfig
 from tests.adapters.test_runner_groups import one_call, run_tasks
 
 
@@ -53,7 +53,9 @@ TASKS = [
 
 def test_the_runner_draws_kinds_that_still_teach_and_saves_where_each_stands(tmp_path: Path):
     state = tmp_path / "runner_state.json"
-    cfg = RolloutConfig(reward_fn="test_by_reference", group_size=2, concurrency=2, max_tasks=30, balance_by="kind")
+    cfg = RolloutConfig(
+        reward_fn="test_by_reference", group_size=2, concurrency=2, max_tasks=30, balance={"by": "kind"}
+    )
     stats, listed = run_tasks(tmp_path, cfg, TASKS, state_path=state)
     kinds = Counter(s["group_id"][0] for s in listed)  # group ids are "<task id>@<pass>"
     assert sum(kinds.values()) == 60 and stats.tasks_started == 30
@@ -72,8 +74,10 @@ def test_the_runner_draws_kinds_that_still_teach_and_saves_where_each_stands(tmp
 
 
 def test_every_task_needs_the_field_balanced_by(tmp_path: Path):
-    cfg = RolloutConfig(reward_fn="test_by_reference", group_size=2, concurrency=2, max_tasks=2, balance_by="level")
-    with pytest.raises(ValueError, match=r"rollout.balance_by = 'level', but 12 tasks have no 'level' field"):
+    cfg = RolloutConfig(
+        reward_fn="test_by_reference", group_size=2, concurrency=2, max_tasks=2, balance={"by": "level"}
+    )
+    with pytest.raises(ValueError, match=r"rollout.balance.by = 'level', but 12 tasks have no 'level' field"):
         run_tasks(tmp_path, cfg, TASKS)
 
 
@@ -104,13 +108,11 @@ def test_the_runner_sends_rollouts_where_groups_get_trained(tmp_path: Path):
         group_size=2,
         concurrency=2,
         max_tasks=30,
-        balance_by="kind",
-        balance_goal="signal",
-        balance_floor=0.1,
+        balance={"by": "kind", "goal": "signal", "floor": 0.1},
     )
     # each kind is weighed by its number of tasks
     uneven = EpisodeRunner(cfg, "http://127.0.0.1:9", TASKS[:6], agent=one_call)
-    assert uneven.balancer.sizes == {"easy": 4, "hard": 2}
+    assert uneven.order.balancer.sizes == {"easy": 4, "hard": 2}
     stats, listed = run_tasks(tmp_path, cfg, TASKS)
     kinds = Counter(s["group_id"][0] for s in listed)
     assert sum(kinds.values()) == 60 and stats.tasks_started == 30
@@ -119,7 +121,8 @@ def test_the_runner_sends_rollouts_where_groups_get_trained(tmp_path: Path):
 
 
 def test_a_balance_goal_needs_a_field_to_balance_by():
-    from proxy.config import Config
+    from proxy.config import ConfigError, load_config
 
-    with pytest.raises(ValueError, match="rollout.balance_goal = 'signal' needs rollout.balance_by"):
-        Config(rollout={"balance_goal": "signal"})
+    with pytest.raises(ConfigError, match=r"rollout.balance.by: Field required"):
+        load_config(None, ["rollout.balance.goal=signal"])
+    assert load_config(None, ['rollout.balance.by="kind"']).rollout.balance.goal == "even"

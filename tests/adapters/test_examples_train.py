@@ -23,9 +23,9 @@ def test_example_trains(tmp_path, example):
     run_dir = tmp_path / "run"
     overrides = {
         "trainer.max_steps": 2,
-        "trainer.batch_size": 4,
+        "trainer.batch.size": 4,
         "rollout.group_size": 2,
-        "trainer.checkpoint_every": 1000,
+        "trainer.checkpoint.every": 1000,
         "trainer.run_dir": str(run_dir),
         "store.url": f"sqlite:///{tmp_path}/areal.db",
     }

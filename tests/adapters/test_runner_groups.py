@@ -1,6 +1,6 @@
-"""The episode runner's groups: one group of `group_size` per task and, with `hard_group_size`,
+"""The episode runner's groups: one group of `group_size` per task and, with `[rollout.retry]`,
 one larger retry group for a task whose whole group earned nothing — never for one that
-earned something, never twice; with `screen_size`, the rest of a group runs only when its
+earned something, never twice; with `[rollout.screen]`, the rest of a group runs only when its
 first episodes scored differently. Real proxy, real model, a reward that depends only on the
 task (and, for "mixed", alternates 0, 1, 0, 1 … from call to call)."""
 
@@ -14,8 +14,9 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
+from adapters.config import RolloutConfig
 from adapters.runner import EpisodeRunner, RunnerStats
-from proxy.config import ConfigError, RolloutConfig, load_config
+from proxy.config import ConfigError, load_config
 from tests.conftest import run_server
 
 REWARDS = """
@@ -65,7 +66,9 @@ def run_tasks(
 
 
 def test_only_tasks_that_earned_nothing_get_one_larger_retry_group(tmp_path: Path):
-    cfg = RolloutConfig(reward_fn="test_by_reference", group_size=2, hard_group_size=3, concurrency=4, max_tasks=2)
+    cfg = RolloutConfig(
+        reward_fn="test_by_reference", group_size=2, retry={"group_size": 3}, concurrency=4, max_tasks=2
+    )
     stats, listed = run_tasks(tmp_path, cfg, TASKS[:2])
     sizes = Counter(s["group_id"] for s in listed)
     assert sizes == {"e@0": 2, "h@0": 2, "h@0+hard": 3}, sizes
@@ -79,14 +82,14 @@ def test_a_group_larger_than_the_concurrency_is_refused_with_the_fix():
     # A group waits for that many free slots before it starts: larger than the concurrency,
     # it would wait forever.
     with pytest.raises(ConfigError, match=r"a group of 24 starts together: rollout.concurrency \(16\)"):
-        load_config(None, ["rollout.concurrency=16", "rollout.hard_group_size=24"])
+        load_config(None, ["rollout.concurrency=16", "rollout.retry.group_size=24"])
     with pytest.raises(ConfigError, match=r"a group of 8 starts together"):
         load_config(None, ["rollout.concurrency=4"])
-    assert load_config(None, ["rollout.concurrency=24", "rollout.hard_group_size=24"]).rollout.hard_group_size == 24
+    assert load_config(None, ["rollout.concurrency=24", "rollout.retry.group_size=24"]).rollout.retry.group_size == 24
 
 
 def test_a_group_runs_past_its_screen_only_when_the_screen_scored_differently(tmp_path: Path):
-    cfg = RolloutConfig(reward_fn="test_by_reference", group_size=4, screen_size=2, concurrency=4, max_tasks=3)
+    cfg = RolloutConfig(reward_fn="test_by_reference", group_size=4, screen={"size": 2}, concurrency=4, max_tasks=3)
     stats, listed = run_tasks(tmp_path, cfg, TASKS)
     by_group: dict[str, Counter] = {}
     for s in listed:
@@ -110,6 +113,6 @@ def test_a_group_runs_past_its_screen_only_when_the_screen_scored_differently(tm
 
 def test_a_screen_that_cannot_compare_or_save_is_refused():
     for k in (1, 8):
-        with pytest.raises(ConfigError, match=rf"rollout.screen_size {k} must be 0 \(off\) or from 2 to"):
-            load_config(None, [f"rollout.screen_size={k}"])
-    assert load_config(None, ["rollout.screen_size=4"]).rollout.screen_size == 4
+        with pytest.raises(ConfigError, match=rf"rollout.screen.size {k} must be from 2 to rollout.group_size - 1"):
+            load_config(None, [f"rollout.screen.size={k}"])
+    assert load_config(None, ["rollout.screen.size=4"]).rollout.screen.size == 4

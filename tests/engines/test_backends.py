@@ -8,8 +8,8 @@ from typing import get_args
 
 import pytest
 
-from proxy.config import EngineConfig
 from proxy.engines.backends import BACKENDS, make_engine
+from proxy.engines.config import EngineConfig
 
 
 def test_the_table_holds_exactly_the_backends_the_config_allows():
@@ -25,7 +25,7 @@ def test_a_remote_backend_is_built_without_importing_torch(backend, cls):
 import sys
 import proxy.engines.backends as backends
 assert "aiohttp" not in sys.modules, "importing the table imported a backend"
-from proxy.config import EngineConfig
+from proxy.engines.config import EngineConfig
 engine = backends.make_engine(EngineConfig(backend="{backend}", urls=["http://127.0.0.1:1"]))
 assert type(engine).__name__ == "{cls}", type(engine)
 assert engine.backend == "{backend}"  # the name its /health reports

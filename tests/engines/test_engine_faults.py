@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from proxy.config import EngineConfig
 from proxy.engines import local
 from proxy.engines.base import EngineUnavailable, InvalidSampling, SamplingParams, generate
+from proxy.engines.config import EngineConfig
 from proxy.engines.local import LocalEngine
 
 PROMPT = [1, 9690, 198, 2683, 314, 260]  # any ids in the vocabulary

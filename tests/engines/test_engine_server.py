@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from proxy.schemas.engine import SGLangSampling
 from proxy.servers.engine import parse_sampling
 from tests.conftest import reuse_after_idle
 
@@ -103,12 +104,12 @@ def test_length_finish_without_logprobs(engine):
 
 
 def test_sampling_params_follow_sglang_defaults():
-    params, text = parse_sampling({}, prompt_len=10, max_context=8192, top_logprobs=0)
+    params, text = parse_sampling(None, prompt_len=10, max_context=8192, top_logprobs=0)
     assert params.max_new_tokens == 128 and params.temperature == 1.0 and params.top_k == 0 and params.top_p == 1.0
     assert text == {"skip_special_tokens": True, "no_stop_trim": False}
-    params, _ = parse_sampling({"max_new_tokens": None, "top_k": 5, "stop": "x"}, 10, 8192, 2)
+    params, _ = parse_sampling(SGLangSampling(max_new_tokens=None, top_k=5, stop="x"), 10, 8192, 2)
     assert params.max_new_tokens == 8182 and params.top_k == 5 and params.stop == ("x",) and params.top_logprobs == 2
-    assert parse_sampling({"temperature": 0}, 10, 8192, 0)[0].greedy
+    assert parse_sampling(SGLangSampling(temperature=0), 10, 8192, 0)[0].greedy
 
 
 def test_errors_use_sglangs_shape(engine):

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 from transformers.cache_utils import DynamicCache
 
-from proxy.config import EngineConfig
 from proxy.engines.base import SamplingParams, generate
+from proxy.engines.config import EngineConfig
 from proxy.engines.kv import BatchKV
 from proxy.engines.lean import FastForward, Segment, can_pack
 from proxy.engines.local import LocalEngine

@@ -12,8 +12,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from proxy.config import EngineConfig
 from proxy.engines.base import EngineRequestError, EngineUnavailable, SamplingParams, StreamDelta, generate
+from proxy.engines.config import EngineConfig
 from proxy.engines.pool import ServerError, ServerPool, WeightVersions, error_from_body, sse_data
 from proxy.engines.sglang import SGLangEngine
 from proxy.engines.vllm import VLLMEngine

@@ -7,8 +7,8 @@ import asyncio
 
 import torch
 
-from proxy.config import EngineConfig
 from proxy.engines.base import SamplingParams, generate
+from proxy.engines.config import EngineConfig
 from proxy.engines.local import LocalEngine
 from proxy.engines.prefix_cache import BLOCK, PrefixCache
 from proxy.render import Renderer

@@ -57,7 +57,7 @@ CASES = [
     ("n-too-large", "/v1/chat/completions", chat(n=1000), 400, "n"),
     ("stream-not-bool", "/v1/chat/completions", chat(stream="yes"), 400, "stream"),
     ("stop-too-many", "/v1/chat/completions", chat(stop=[str(i) for i in range(20)]), 400, "stop"),
-    ("stop-empty-string", "/v1/chat/completions", chat(stop=[""]), 400, "stop"),
+    ("stop-empty-string", "/v1/chat/completions", chat(stop=[""]), 400, "stop[0]"),
     ("top-logprobs-without-logprobs", "/v1/chat/completions", chat(top_logprobs=2), 400, "top_logprobs"),
     ("top-logprobs-too-many", "/v1/chat/completions", chat(logprobs=True, top_logprobs=50), 400, "top_logprobs"),
     (

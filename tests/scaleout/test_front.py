@@ -126,7 +126,7 @@ def test_a_weight_push_reaches_every_replica_and_the_engine_loads_it_once(cluste
 
 def test_admission_holds_across_replicas(tmp_path, engine):
     admission = ["--set", "proxy.admission=true", "--set", "rollout.group_size=2"]
-    admission += ["--set", "trainer.batch_size=4", "--set", "trainer.max_staleness=0"]
+    admission += ["--set", "trainer.batch.size=4", "--set", "trainer.max_staleness=0"]
     with fresh_pg_database() as db_url, run_replicas(tmp_path, db_url, engine, 2, *admission) as replicas:
 
         async def create(client: httpx.AsyncClient, url: str) -> int:

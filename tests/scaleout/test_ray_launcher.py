@@ -48,12 +48,14 @@ reward_fn = "math_exact"
 group_size = {GROUP_SIZE}
 concurrency = 8
 [trainer]
-batch_size = 8
 max_staleness = 1
 max_steps = {max_steps}
-checkpoint_every = 2
-skip_zero_variance = false   # the base model rarely varies within a group: train anyway, so weights move
 run_dir = "{run_dir}"
+[trainer.batch]
+size = 8
+skip_zero_variance = false   # the base model rarely varies within a group: train anyway, so weights move
+[trainer.checkpoint]
+every = 2
 [ray]
 local_cpus = 16
 proxy_replicas = 2

@@ -12,7 +12,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from proxy.config import StoreConfig
+from proxy.store.config import StoreConfig
 from proxy.store.db import Database
 from proxy.store.migrations import current_revision, head_revision
 from proxy.store.schema import Base, completions, sessions

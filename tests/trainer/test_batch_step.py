@@ -8,11 +8,23 @@ import copy
 import pytest
 import torch
 
-from proxy.config import TrainerConfig
 from proxy.store.samples import SessionSamples
 from tests.conftest import tiny_llama
 from trainer.batch import Sample, build_samples, pack
-from trainer.loop import downsample_groups, session_advantages
+from trainer.config import TrainerConfig
+from trainer.selection import (
+    Downsample,
+    FillBatch,
+    GroupAdvantages,
+    OneClaim,
+    Selection,
+    SkipFlat,
+    TrainUnsolved,
+    claim_policy,
+    downsample_groups,
+    select,
+    selectors,
+)
 from trainer.step import group_logprobs, microbatches, padded_cost, shared_prefix_len, target_logprobs, train_step
 
 
@@ -169,7 +181,7 @@ def test_budget_splits_large_groups():
 
 def test_a_step_raises_the_logprob_of_advantaged_tokens(tiny):
     model = copy.deepcopy(tiny)
-    cfg = TrainerConfig(batch_size=4, loss_agg="token_mean", optim={"lr": 1e-2, "grad_clip": 0})
+    cfg = TrainerConfig(loss={"agg": "token_mean"}, optim={"lr": 1e-2, "grad_clip": 0})
     good = sample([5, 6, 7, 8, 9], [0, 0, 0, 1, 1], adv=1.0)
     bad = sample([5, 6, 7, 30, 31], [0, 0, 0, 1, 1], adv=-1.0)
     groups = pack([good, bad], 1000, 0)
@@ -191,7 +203,7 @@ def test_a_step_raises_the_logprob_of_advantaged_tokens(tiny):
 def test_a_second_epoch_is_measured_against_the_first_epochs_proximal_policy(tiny):
     """epochs > 1: the proximal logprobs of the first pass are kept on the groups, so the second
     pass's ratio is to the policy before the update (and clips), not to itself (always 1)."""
-    cfg = TrainerConfig(batch_size=4, loss_agg="token_mean", proximal="recompute", optim={"lr": 5e-2, "grad_clip": 0})
+    cfg = TrainerConfig(loss={"agg": "token_mean", "proximal": "recompute"}, optim={"lr": 5e-2, "grad_clip": 0})
     stats = {}
     for keep in (False, True):
         model = copy.deepcopy(tiny)
@@ -210,63 +222,74 @@ def test_a_second_epoch_is_measured_against_the_first_epochs_proximal_policy(tin
     assert stats[True]["ratio_mean"] > 1.28 and stats[True]["clip_frac_high"] > 0  # a token past 1 + 0.28: clipped
 
 
-def test_zero_variance_groups_are_skipped():
-    def s(sid: str, group: str, reward: float) -> SessionSamples:
-        return SessionSamples(sid, group, group, reward, 0, [], [])
+def s(sid: str, group: str, reward: float) -> SessionSamples:
+    return SessionSamples(sid, group, group, reward, 0, [], [])
 
+
+def kept_ids(claim: Selection) -> list[str]:
+    return [x.session_id for x in claim.sessions]
+
+
+def skipped_ids(claim: Selection) -> list[str]:
+    return [sid for skip in claim.skips for sid in skip.session_ids]
+
+
+GRPO = GroupAdvantages("grpo")
+
+
+def test_zero_variance_groups_are_skipped():
     sessions = [s("a1", "a", 1.0), s("a2", "a", 0.0), s("b1", "b", 1.0), s("b2", "b", 1.0)]
-    baseline, scale, kept, skipped, _ = session_advantages(sessions, "grpo")
-    assert kept == ["a1", "a2"] and skipped == ["b1", "b2"]
-    assert baseline["a1"] == pytest.approx(0.5)
-    assert build_samples([], "individual", baseline, scale) == []
+    claim = select(sessions, [GRPO, SkipFlat()])
+    assert kept_ids(claim) == ["a1", "a2"] and skipped_ids(claim) == ["b1", "b2"]
+    assert claim.skips[0].reason == "zero reward variance in its group"
+    assert claim.baseline["a1"] == pytest.approx(0.5)
+    assert build_samples([], "individual", claim.baseline, claim.scale) == []
+    # Without SkipFlat (trainer.batch.skip_zero_variance = false) a flat group is trained, advantage 0.
+    assert kept_ids(select(sessions, [GRPO])) == ["a1", "a2", "b1", "b2"]
 
 
 def test_unsolved_groups_get_the_unsolved_advantage():
-    def s(sid: str, group: str, reward: float) -> SessionSamples:
-        return SessionSamples(sid, group, group, reward, 0, [], [])
-
     sessions = [
         *(s(f"a{i}", "a", r) for i, r in enumerate([1.0, 0.0])),  # variance: GRPO as usual
         *(s(f"b{i}", "b", 1.0) for i in range(2)),  # solved every time: skipped
         *(s(f"c{i}", "c", 0.0) for i in range(3)),  # failed every time: advantage -0.3
     ]
-    baseline, scale, kept, skipped, unsolved = session_advantages(
-        sessions, "grpo", unsolved_advantage=-0.3, unsolved_share=1.0
-    )
-    assert kept == ["a0", "a1", "c0", "c1", "c2"] and skipped == ["b0", "b1"]
-    assert unsolved == ["c0", "c1", "c2"]
+    claim = select(sessions, [GRPO, TrainUnsolved(-0.3, 1.0), SkipFlat()])
+    assert kept_ids(claim) == ["a0", "a1", "c0", "c1", "c2"] and skipped_ids(claim) == ["b0", "b1"]
+    assert claim.counts == {"unsolved_trained": 3}
+    baseline, scale = claim.baseline, claim.scale
     assert (0.0 - baseline["c0"]) / scale["c0"] == pytest.approx(-0.3)
     assert (1.0 - baseline["a0"]) / scale["a0"] == pytest.approx(0.5 / 0.5**0.5 / (1 + 2e-6), rel=1e-4)
     # Without it, or when nothing in the claim did better (mean 0), a failed group is skipped.
-    assert session_advantages(sessions, "grpo")[3] == ["b0", "b1", "c0", "c1", "c2"]
+    assert skipped_ids(select(sessions, [GRPO, SkipFlat()])) == ["b0", "b1", "c0", "c1", "c2"]
     only_failures = [s("d0", "d", 0.0), s("d1", "d", 0.0)]
-    assert session_advantages(only_failures, "grpo", unsolved_advantage=-0.3, unsolved_share=1.0)[3] == ["d0", "d1"]
+    assert skipped_ids(select(only_failures, [GRPO, TrainUnsolved(-0.3, 1.0), SkipFlat()])) == ["d0", "d1"]
 
 
 def test_unsolved_groups_are_bounded_to_their_share_of_the_step():
-    def s(sid: str, group: str, reward: float) -> SessionSamples:
-        return SessionSamples(sid, group, group, reward, 0, [], [])
+    def unsolved(sessions: list[SessionSamples], share: float) -> list[str]:
+        """The sessions of flat groups that were kept."""
+        return [
+            sid for sid in kept_ids(select(sessions, [GRPO, TrainUnsolved(-0.3, share), SkipFlat()])) if sid[0] != "a"
+        ]
 
     mixed = [s(f"a{i}", "a", float(i % 2)) for i in range(6)]  # 6 sessions with reward variance
     failed = [s(f"{g}{i}", g, 0.0) for g in "cde" for i in range(2)]  # three unsolved groups of 2
     # share 0.25 of the kept sessions: u <= 0.25 * (6 + u), so u <= 2: the first unsolved group only.
-    _, _, kept, skipped, unsolved = session_advantages(mixed + failed, "grpo", -0.3, unsolved_share=0.25)
-    assert unsolved == ["c0", "c1"] and kept == [*(f"a{i}" for i in range(6)), "c0", "c1"]
-    assert skipped == ["d0", "d1", "e0", "e1"]
+    claim = select(mixed + failed, [GRPO, TrainUnsolved(-0.3, 0.25), SkipFlat()])
+    assert claim.counts == {"unsolved_trained": 2} and kept_ids(claim) == [*(f"a{i}" for i in range(6)), "c0", "c1"]
+    assert skipped_ids(claim) == ["d0", "d1", "e0", "e1"]
     # share 0.5: u <= 6, all three groups (6 sessions).
-    assert len(session_advantages(mixed + failed, "grpo", -0.3, unsolved_share=0.5)[4]) == 6
+    assert len(unsolved(mixed + failed, 0.5)) == 6
     # A group larger than the room left is skipped whole, a later smaller one still fits.
     big_then_small = [*(s(f"b{i}", "b", 0.0) for i in range(3)), s("f0", "f", 0.0)]
-    assert session_advantages(mixed + big_then_small, "grpo", -0.3, unsolved_share=0.25)[4] == ["f0"]
+    assert unsolved(mixed + big_then_small, 0.25) == ["f0"]
     # Nothing with a success to learn from in the claim (the collapse case): nothing trained.
     only = [s("g0", "g", 0.0), s("h0", "h", 1.0), s("h1", "h", 1.0)]
-    assert session_advantages(only, "grpo", -0.3, unsolved_share=0.25)[2] == []
+    assert kept_ids(select(only, [GRPO, TrainUnsolved(-0.3, 0.25), SkipFlat()])) == []
 
 
 def test_downsampled_groups_keep_their_max_variance_sessions_and_advantages_come_from_them():
-    def s(sid: str, group: str, reward: float) -> SessionSamples:
-        return SessionSamples(sid, group, group, reward, 0, [], [])
-
     sessions = [
         *(s(f"a{i}", "a", float(i == 5)) for i in range(8)),  # a lone success at a5
         *(s(f"b{i}", "b", 1.0) for i in range(8)),  # flat: left whole, then skipped
@@ -275,17 +298,30 @@ def test_downsampled_groups_keep_their_max_variance_sessions_and_advantages_come
     kept, left_out = downsample_groups(sessions, 4)
     assert left_out == ["a3", "a4", "a6", "a7"]
     assert [x.session_id for x in kept] == ["a0", "a1", "a2", "a5", *(f"b{i}" for i in range(8)), "c0", "c1", "c2"]
-    baseline, scale, trained, skipped, _ = session_advantages(kept, "grpo")
-    assert trained == ["a0", "a1", "a2", "a5", "c0", "c1", "c2"] and skipped == [f"b{i}" for i in range(8)]
+    claim = select(sessions, [Downsample(4), GRPO, SkipFlat()])
+    assert kept_ids(claim) == ["a0", "a1", "a2", "a5", "c0", "c1", "c2"]
+    assert [(k.counted_as, k.session_ids) for k in claim.skips] == [
+        ("downsampled", ["a3", "a4", "a6", "a7"]),
+        ("skipped_zero_variance", [f"b{i}" for i in range(8)]),
+    ]
+    assert claim.counts == {"downsampled": 4}
     # GRPO over the four kept: mean 1/4, std (n - 1) sqrt(3/16 * 4/3) = 1/2, so the success gets
     # (1 - 1/4) / 1/2 = 1.5 and each failure -0.5 (in the whole group of 8: 2.47 and -0.35).
+    baseline, scale = claim.baseline, claim.scale
     assert (1.0 - baseline["a5"]) / scale["a5"] == pytest.approx(1.5, rel=1e-5)
     assert (0.0 - baseline["a0"]) / scale["a0"] == pytest.approx(-0.5, rel=1e-5)
 
 
-def test_train_per_group_of_one_is_refused():
+def test_the_config_chooses_the_selectors_in_their_order():
     from proxy.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match=r"trainer.train_per_group 1 leaves every group one reward"):
-        load_config(None, ["trainer.train_per_group=1"])
-    assert load_config(None, ["trainer.train_per_group=4"]).trainer.train_per_group == 4
+    names = [type(x).__name__ for x in selectors(TrainerConfig())]
+    assert names == ["GroupAdvantages", "SkipFlat"]
+    everything = TrainerConfig(pods={"keep": 4}, unsolved={"advantage": -0.5}, batch={"skip_zero_variance": False})
+    assert [type(x).__name__ for x in selectors(everything)] == ["Downsample", "GroupAdvantages", "TrainUnsolved"]
+    assert isinstance(claim_policy(TrainerConfig()), OneClaim)
+    fill = claim_policy(TrainerConfig(batch={"size": 8, "fill": True}))
+    assert isinstance(fill, FillBatch) and fill.need(3) == 5 and not fill.complete(7) and fill.complete(8)
+    with pytest.raises(ConfigError, match=r"trainer.pods.keep 1 leaves every group fewer than two rewards"):
+        load_config(None, ["trainer.pods.keep=1"])
+    assert load_config(None, ["trainer.pods.keep=4"]).trainer.pods.keep == 4

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from proxy.config import StoreConfig
 from proxy.store.claims import DROPPED_STALE, claim_batch, end_step, release_after, trained_count
+from proxy.store.config import StoreConfig
 from proxy.store.db import Database
 from proxy.store.schema import sessions
 from tests.conftest import fresh_pg_database

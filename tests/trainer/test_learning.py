@@ -58,14 +58,16 @@ group_size = 4
 concurrency = 48
 seed = 0
 [trainer]
-batch_size = 48
 max_staleness = 0
 max_steps = {STEPS}
-checkpoint_every = 1000
 run_dir = "{run_dir}"
 seed = 0
+[trainer.batch]
+size = 48
 [trainer.optim]
 lr = 2e-5
+[trainer.checkpoint]
+every = 1000
 """
     )
     proc = subprocess.run(

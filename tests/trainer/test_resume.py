@@ -22,9 +22,16 @@ from trainer.weights import default_weights_dir
 
 
 def write_config(tmp: Path, **trainer) -> Path:
+    """The run's config; `trainer` adds keys of [trainer], or of a sub-section as `batch={"fill": True}`."""
     run_dir = tmp / "run"
-    settings = {"checkpoint_every": 2, **trainer}
-    trainer_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in settings.items())
+    keys = {k: v for k, v in trainer.items() if not isinstance(v, dict)}
+    trainer_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in keys.items())
+    sections = {"checkpoint": {"every": 2}, "batch": {"size": 8}}
+    for name, values in trainer.items():
+        if isinstance(values, dict):
+            sections[name] = {**sections.get(name, {}), **values}
+    for name, values in sections.items():
+        trainer_lines += f"\n[trainer.{name}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in values.items())
     path = tmp / "config.toml"
     path.write_text(
         f"""
@@ -39,7 +46,6 @@ reward_fn = "math_exact"
 group_size = 4
 concurrency = 16
 [trainer]
-batch_size = 8
 max_staleness = 1
 run_dir = "{run_dir}"
 {trainer_lines}
@@ -82,8 +88,8 @@ def test_smoke_run_exits_zero(tmp_path):
         config,
         "trainer.max_steps=2",
         "trainer.optim.lr=2e-5",
-        "trainer.optim.schedule=linear",
-        "trainer.optim.min_lr_ratio=0.5",
+        "trainer.schedule.shape=linear",
+        "trainer.schedule.min_lr_ratio=0.5",
     )
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
@@ -119,9 +125,9 @@ def test_max_minutes_ends_the_run_on_time_and_counts_across_resumes(tmp_path):
 
 
 def test_fill_batch_trains_full_batches_of_groups_with_reward_variance(tmp_path):
-    """DAPO dynamic sampling: with trainer.fill_batch every step claims on until it holds
-    batch_size sessions of groups whose rewards differ; the rest are skipped, none lost."""
-    config = write_config(tmp_path, fill_batch=True)
+    """DAPO dynamic sampling: with trainer.batch.fill every step claims on until it holds
+    batch.size sessions of groups whose rewards differ; the rest are skipped, none lost."""
+    config = write_config(tmp_path, batch={"fill": True})
     run_dir = tmp_path / "run"
     proc = train(config, "trainer.max_steps=2")
     out, _ = proc.communicate(timeout=900)

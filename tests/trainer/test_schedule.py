@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from proxy.config import ConfigError, OptimConfig, load_config
+from proxy.config import ConfigError, load_config
+from trainer.config import ScheduleConfig
 from trainer.schedule import lr_factor, progress
 
 
@@ -20,13 +21,13 @@ def test_progress_is_the_larger_fraction_of_the_budget_spent():
 
 
 def test_constant_schedule_is_the_warm_up_alone():
-    o = OptimConfig(warmup_steps=4)
+    o = ScheduleConfig(warmup_steps=4)
     assert [lr_factor(o, s, 0.9) for s in (1, 2, 4, 9)] == [0.25, 0.5, 1.0, 1.0]
-    assert lr_factor(OptimConfig(), 1, 0.5) == 1.0
+    assert lr_factor(ScheduleConfig(), 1, 0.5) == 1.0
 
 
 def test_linear_decay_to_the_floor():
-    o = OptimConfig(schedule="linear", min_lr_ratio=0.1)
+    o = ScheduleConfig(shape="linear", min_lr_ratio=0.1)
     # 0.1 + 0.9 × (1 - spent)
     assert lr_factor(o, 10, 0.0) == pytest.approx(1.0)
     assert lr_factor(o, 10, 0.5) == pytest.approx(0.55)
@@ -35,17 +36,17 @@ def test_linear_decay_to_the_floor():
 
 
 def test_cosine_decay_along_a_half_cosine():
-    o = OptimConfig(schedule="cosine", min_lr_ratio=0.0)
+    o = ScheduleConfig(shape="cosine", min_lr_ratio=0.0)
     assert lr_factor(o, 5, 0.0) == pytest.approx(1.0)
     assert lr_factor(o, 5, 0.5) == pytest.approx(0.5)
     assert lr_factor(o, 5, 1 / 3) == pytest.approx(0.75)  # (1 + cos 60°) / 2
     assert lr_factor(o, 5, 1.0) == pytest.approx(0.0, abs=1e-12)
-    floor = OptimConfig(schedule="cosine", min_lr_ratio=0.2)
+    floor = ScheduleConfig(shape="cosine", min_lr_ratio=0.2)
     assert lr_factor(floor, 5, 0.5) == pytest.approx(0.2 + 0.8 * 0.5)
 
 
 def test_warm_up_multiplies_the_decay():
-    o = OptimConfig(schedule="linear", min_lr_ratio=0.0, warmup_steps=10)
+    o = ScheduleConfig(shape="linear", min_lr_ratio=0.0, warmup_steps=10)
     assert lr_factor(o, 2, 0.25) == pytest.approx(0.2 * 0.75)
     assert lr_factor(o, 20, 0.25) == pytest.approx(0.75)
     assert math.isclose(lr_factor(o, 10, 0.0), 1.0)
@@ -53,11 +54,11 @@ def test_warm_up_multiplies_the_decay():
 
 def test_a_decay_needs_a_budget():
     with pytest.raises(ConfigError, match=r"decays the learning rate over the run's budget"):
-        load_config(None, ["trainer.optim.schedule=cosine"])
-    assert load_config(None, ["trainer.optim.schedule=cosine", "trainer.max_minutes=30"]).trainer.max_minutes == 30
-    linear = load_config(None, ["trainer.optim.schedule=linear", "trainer.max_steps=100"])
-    assert linear.trainer.optim.min_lr_ratio == 0.1
+        load_config(None, ["trainer.schedule.shape=cosine"])
+    assert load_config(None, ["trainer.schedule.shape=cosine", "trainer.max_minutes=30"]).trainer.max_minutes == 30
+    linear = load_config(None, ["trainer.schedule.shape=linear", "trainer.max_steps=100"])
+    assert linear.trainer.schedule.min_lr_ratio == 0.1
     with pytest.raises(ConfigError, match="min_lr_ratio"):
-        load_config(None, ["trainer.optim.min_lr_ratio=1.5"])
+        load_config(None, ["trainer.schedule.min_lr_ratio=1.5"])
     with pytest.raises(ConfigError, match="max_minutes"):
         load_config(None, ["trainer.max_minutes=-1"])

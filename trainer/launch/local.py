@@ -78,14 +78,8 @@ def progress_table(cfg: Config, run_dir: Path, runner: EpisodeRunner, started: f
     table.add_row("episodes finished / failed", f"{s.episodes_finished} / {s.episodes_failed}")
     table.add_row("episodes/s", f"{s.episodes_finished / elapsed:.2f}")
     table.add_row("admission waits", str(s.admission_waits))
-    if cfg.rollout.hard_group_size:
-        table.add_row("retry groups (no reward at first)", str(s.hard_groups))
-    if cfg.rollout.screen_size:
-        table.add_row("groups screened out", f"{s.screened_out} of {s.tasks_started}")
-    if runner.balancer is not None:
-        weights = runner.balancer.weights()
-        kinds = " · ".join(f"{k} {n} ({weights[k]:.0%} next)" for k, n in sorted(s.tasks_by_kind.items()))
-        table.add_row(f"tasks by {cfg.rollout.balance_by}", kinds)
+    for row in runner.progress_rows():
+        table.add_row(*row)
     table.add_row("elapsed", f"{elapsed:.0f}s")
     return table
 

@@ -392,7 +392,7 @@ def progress_table(cluster: Cluster, started: float) -> Table:
     failed = sum(s.get("episodes_failed", 0) for s in stats)
     table.add_row("episodes finished / failed", f"{finished} / {failed}")
     table.add_row("admission waits", str(sum(s.get("admission_waits", 0) for s in stats)))
-    if cluster.cfg.rollout.screen_size:
+    if cluster.cfg.rollout.screen:
         table.add_row("groups screened out", str(sum(s.get("screened_out", 0) for s in stats)))
     for c in cluster.components:
         restarts = f", {c.restarts} restarts" if c.restarts else ""
@@ -414,8 +414,8 @@ def _bring_up(cluster: Cluster) -> str:
         cluster.add_runner(f"runner-{i}")
     cluster.place([front, *engines, *proxies, trainer])
     if engines:
+        cfg.engine.urls = [e.url for e in engines]  # first: the sglang backend needs them
         cfg.engine.backend = "sglang"
-        cfg.engine.urls = [e.url for e in engines]
     cfg.proxy.public_url = front.url
     cfg.front.replicas = [p.url for p in proxies]
     (cluster.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))

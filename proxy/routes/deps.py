@@ -1,0 +1,63 @@
+"""The services a route gets, as FastAPI dependencies.
+
+A route names what it uses (`completions: Completions`, `caller: CallerDep`, `_: Admin`) and
+FastAPI hands it over: the running app's state is looked up once, model-call services wait for
+the engine (503 + Retry-After while it loads), and `Admin` refuses a caller without the admin
+key before the route runs. No route reaches into the app's state itself.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from proxy.app import AppState
+from proxy.completions import CompletionService
+from proxy.rewards_service import RewardService
+from proxy.sessions import Caller, SessionService, bearer
+
+
+def app_state(request: Request) -> AppState:
+    return request.app.state.areal
+
+
+State = Annotated[AppState, Depends(app_state)]
+
+
+def caller(request: Request) -> Caller:
+    """The bearer token (`Authorization` or Anthropic's `x-api-key`) and the session the path names."""
+    token = bearer(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    return Caller(token=token, path_session=request.path_params.get("session_id"))
+
+
+CallerDep = Annotated[Caller, Depends(caller)]
+
+
+def sessions(state: State) -> SessionService:
+    return state.sessions
+
+
+Sessions = Annotated[SessionService, Depends(sessions)]
+
+
+def require_admin(who: CallerDep, registry: Sessions) -> None:
+    registry.require_admin(who.token)
+
+
+Admin = Annotated[None, Depends(require_admin)]
+
+
+def ready_completions(state: State) -> CompletionService:
+    state.require_ready()
+    return state.completions
+
+
+Completions = Annotated[CompletionService, Depends(ready_completions)]
+
+
+def rewards(state: State) -> RewardService:
+    return state.rewards
+
+
+Rewards = Annotated[RewardService, Depends(rewards)]

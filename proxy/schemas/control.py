@@ -1,0 +1,69 @@
+"""Control bodies and queries: sessions, rewards, finishing, weights.
+
+These are the proxy's own endpoints (the episode runner's, the trainer's and an operator's),
+so unknown fields are still ignored but every known one is typed and bounded: ids and names
+to 256 characters, references to 64 KiB, metadata to `MAX_JSON_DEPTH` levels, counts and
+offsets to what a store can page through, a weight version to a JSON-safe integer.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+from proxy.schemas.common import MAX_ID, Id, JsonObject, Wire
+
+SessionStatus = Literal["open", "finished", "training", "consumed", "failed"]
+IdLike = Annotated[str, Field(max_length=MAX_ID)] | Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+"""A task or group id: a string, or an integer used as one."""
+Reference = Annotated[str, Field(max_length=65_536)] | int | float
+RewardValue = Annotated[float, Field(ge=-1e12, le=1e12)]
+
+
+class CreateSession(Wire):
+    task_id: IdLike | None = None
+    group_id: IdLike | None = None
+    metadata: JsonObject | None = None
+    """Free-form task information; only the admin key can read it back."""
+    reward_fn: Annotated[str, Field(min_length=1, max_length=MAX_ID)] | None = None
+    reference: Reference | None = None
+    """The expected answer; only the admin key can read it back."""
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    """Sampling seed of the session's calls that set none; sessions of a group get one each, derived from it."""
+    count: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """Create a group of this many sessions at once (admitted or refused together)."""
+
+
+class SetReward(Wire):
+    reward: RewardValue
+    completion_id: Id | None = None
+    """The turn rewarded; default: the session's last completion."""
+
+
+class Finish(Wire):
+    reward: RewardValue | None = None
+    """The episode's reward, given inline."""
+    reward_fn: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    """A registered reward function (or a weighted combination) to score the episode with."""
+    reference: Reference | None = None
+
+
+class Fail(Wire):
+    reason: Annotated[str, Field(max_length=4096)] | None = None
+
+
+class Weights(Wire):
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    """A safetensors file or a directory holding the new weights."""
+    version: Annotated[int, Field(ge=0, le=2**53 - 1)]
+
+
+class SessionList(Wire):
+    """`GET /sessions` query parameters (strings on the wire, so not strict)."""
+
+    model_config = ConfigDict(extra="ignore", strict=False, allow_inf_nan=False)
+
+    status: SessionStatus | None = None
+    limit: Annotated[int, Field(ge=1, le=10_000)] = 100
+    offset: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0

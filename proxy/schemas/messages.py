@@ -1,0 +1,92 @@
+"""`POST /v1/messages` bodies, as the `anthropic` client sends them.
+
+Anthropic's ranges: `max_tokens` required, temperature 0–1, `top_k` ≥ 0, at most 16
+`stop_sequences`. Content is a string or blocks: `text`, `tool_use`, `tool_result` (its content
+a string or text blocks), `thinking` and `redacted_thinking`; images and documents are refused
+by name. Tools are custom tools with an `input_schema`. `metadata`, `thinking`, `cache_control`
+and other fields clients send are accepted; unknown ones ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from proxy.schemas.common import (
+    MAX_MESSAGES,
+    MAX_PARTS,
+    MAX_TOOLS,
+    Id,
+    JsonObject,
+    StopString,
+    TokenCount,
+    TopP,
+    Wire,
+)
+
+BlockType = Literal["text", "tool_use", "tool_result", "thinking", "redacted_thinking"]
+
+
+class Block(Wire):
+    """One content block; which fields apply depends on `type`."""
+
+    type: BlockType
+    text: str | None = None
+    id: Id | None = None
+    """tool_use: the call's id."""
+    name: Annotated[str, Field(max_length=256)] | None = None
+    input: JsonObject | None = None
+    """tool_use: the call's arguments."""
+    tool_use_id: Id | None = None
+    """tool_result: the call answered."""
+    content: str | Annotated[list[Block], Field(max_length=MAX_PARTS)] | None = None
+    """tool_result: its output, a string or text blocks."""
+    is_error: bool | None = None
+    thinking: str | None = None
+    signature: str | None = None
+    data: str | None = None
+    cache_control: JsonObject | None = None
+
+
+class Message(Wire):
+    role: Literal["user", "assistant"]
+    content: str | Annotated[list[Block], Field(max_length=MAX_PARTS)]
+
+
+class SystemBlock(Wire):
+    type: Literal["text"]
+    text: str
+    cache_control: JsonObject | None = None
+
+
+class CustomTool(Wire):
+    type: Literal["custom"] | None = None
+    """Custom tools only; server tools (web search, code execution) are not served here."""
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
+    description: str | None = None
+    input_schema: JsonObject
+    cache_control: JsonObject | None = None
+
+
+class ToolChoice(Wire):
+    type: Literal["auto", "any", "tool", "none"]
+    name: Annotated[str, Field(max_length=256)] | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class MessagesRequest(Wire):
+    model: Annotated[str, Field(max_length=256)] = ""
+    max_tokens: TokenCount
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+    system: str | Annotated[list[SystemBlock], Field(max_length=MAX_PARTS)] | None = None
+    stream: bool = False
+    temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_p: TopP | None = None
+    top_k: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    stop_sequences: Annotated[list[StopString], Field(max_length=16)] | None = None
+    tools: Annotated[list[CustomTool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    metadata: JsonObject | None = None
+    thinking: JsonObject | None = None
+    service_tier: Annotated[str, Field(max_length=64)] | None = None

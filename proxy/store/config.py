@@ -1,0 +1,32 @@
+"""`[store]`: where the SQL store lives and how the proxy and trainer connect to it.
+
+SQLite (the default, one file, one machine) or PostgreSQL (several processes and hosts);
+read by `proxy/store/db.py`, the one place that opens connections. Pydantic only, so the
+CLI's `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from proxy.sections import Section
+
+
+class StoreConfig(Section):
+    url: str = "sqlite:///./areal.db"
+    """SQLAlchemy URL: sqlite:///path or postgresql+psycopg://user@host/db."""
+    pool_size: int = 8
+    """Connections kept open (PostgreSQL)."""
+    max_overflow: int = 8
+    """Extra connections allowed above pool_size under load (PostgreSQL)."""
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    """Longest wait for a new connection to the database server before it fails (PostgreSQL)."""
+    statement_timeout_s: float = Field(default=30.0, ge=0)
+    """A statement running longer than this is cancelled by the server (PostgreSQL; 0: no limit)."""
+    commit_batch: int = 256
+    """Most completions written in one group commit."""
+    sqlite_synchronous: Literal["full", "normal"] = "full"
+    """SQLite durability: full fsyncs every commit (survives power loss); normal survives a crash of the
+    proxy but not of the machine, and commits faster."""

@@ -1,0 +1,188 @@
+"""`[trainer]` and its sub-sections: what a training run is, and how each step learns.
+
+`[trainer]` holds the run (model, device, budget, directories); `[trainer.batch]` what a step
+claims and how it is cut into forward passes; `[trainer.loss]` the advantage estimator and the
+decoupled PPO loss; `[trainer.optim]` AdamW; `[trainer.schedule]` the learning rate over the
+run; `[trainer.checkpoint]` what is kept. `[trainer.pods]` and `[trainer.unsolved]` turn batch
+selection strategies on by being present (`trainer/selection.py`). Pydantic only, so the CLI's
+`--help` stays instant.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from proxy.sections import Device, Section, Strategy
+
+
+class BatchConfig(Section):
+    size: int = 64
+    """Sessions per training step (a multiple of the group size)."""
+    skip_zero_variance: bool = True
+    """Skip groups whose rewards are all equal: they carry no signal (DAPO's dynamic sampling filter)."""
+    fill: bool = False
+    """With skip_zero_variance: keep claiming until `size` sessions of groups whose rewards differ are
+    in hand, so every step trains a full batch (DAPO); off: a step trains the part of its `size`
+    claimed sessions that has reward variance."""
+    style: Literal["individual", "concat"] = "individual"
+    """Training sample style built from each session."""
+    tokens_per_microbatch: int = 8192
+    """Token budget of one forward/backward; batches are split to stay under it."""
+    minibatches: int = 1
+    """Optimizer steps per training batch (more than 1 recomputes proximal logprobs first)."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over each training batch (PPO epochs), each of `minibatches` optimizer steps. From the
+    second pass on the samples are reused, so the clip (`loss.eps_clip`, `loss.eps_clip_high`) against
+    the proximal logprobs, fixed before the first pass, bounds how far the later passes move."""
+
+
+class LossConfig(Section):
+    advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp"] = "grpo"
+    """Advantage estimator."""
+    eps_clip: float = 0.2
+    """PPO clip range below 1."""
+    eps_clip_high: float = 0.28
+    """PPO clip range above 1 (asymmetric, DAPO clip-higher)."""
+    behav_cap: float = 5.0
+    """Cap on the behaviour importance weight π_prox/π_behav (0 disables)."""
+    behav_cap_mode: Literal["mask", "clamp"] = "mask"
+    """Tokens over the cap are masked out, or their weight clamped."""
+    proximal: Literal["recompute", "interpolate", "behaviour"] = "recompute"
+    """Proximal logprobs: recomputed, log-linear interpolation by version, or = behaviour."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """Token-level ratios (PPO) or sequence-level geometric mean (GSPO)."""
+    kl_coef: float = 0.0
+    """Coefficient of the KL penalty to the reference model (0 disables)."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of an entropy bonus in the loss (0 disables); the policy's entropy on trained tokens is
+    logged as `entropy` either way, so a collapse onto one reply per prompt shows early."""
+    agg: Literal["auto", "token_mean", "seq_mean", "token_sum_norm"] = "auto"
+    """Loss aggregation: token mean, per-sequence mean, or Dr. GRPO's constant-normalised sum (auto picks it
+    for drgrpo, token_mean otherwise)."""
+
+    @model_validator(mode="after")
+    def _resolve_agg(self) -> LossConfig:
+        if self.agg == "auto":
+            self.agg = "token_sum_norm" if self.advantage == "drgrpo" else "token_mean"
+        return self
+
+
+class OptimConfig(Section):
+    lr: float = 2e-5
+    """AdamW learning rate (the peak, under `[trainer.schedule]`)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Gradient norm clip (0 disables)."""
+
+
+class ScheduleConfig(Section):
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps."""
+    shape: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning rate over the run: constant, or decayed linearly or along a half cosine from `optim.lr` to
+    `min_lr_ratio` × `optim.lr` at the end of the run's budget (trainer.max_steps or trainer.max_minutes,
+    whichever is reached first), on top of the warm-up."""
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    """The decayed shapes' last learning rate as a fraction of `optim.lr`."""
+
+
+class CheckpointConfig(Section):
+    every: int = 10
+    """Checkpoint every N steps (and at exit)."""
+    keep: int = 2
+    """How many of the newest checkpoints to keep."""
+
+
+class PodsConfig(Section):
+    """Max-variance down-sampling (PODS, arXiv 2504.13818): of each group whose rewards differ, only the
+    sessions whose rewards vary most are trained, the advantages computed over them; the rest are skipped
+    and counted. Halves a step's training at 4 of 8 where training, not sampling, is the bottleneck."""
+
+    keep: int
+    """Sessions trained of each group whose rewards differ (2 or more)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> PodsConfig:
+        if self.keep < 2:
+            raise ValueError(
+                f"trainer.pods.keep {self.keep} leaves every group fewer than two rewards, nothing to compare: "
+                "use 2 or more, or leave [trainer.pods] out"
+            )
+        return self
+
+
+class UnsolvedConfig(Section):
+    """Negative sample reinforcement (Zhu et al. 2025, arXiv 2506.01347): a group failed every time (rewards
+    all equal and below the mean of the sessions claimed with it, while other tasks were solved) is trained
+    with a negative advantage instead of skipped, so a prompt nothing solves still teaches something and its
+    answers do not drift unchecked."""
+
+    advantage: float = Field(lt=0)
+    """Advantage of every sample of an unsolved group (negative; measured to collapse at -0.2 with no
+    bound on the share)."""
+    share: float = Field(default=0.25, gt=0, le=1)
+    """Most of a step's trained sessions that unsolved groups may make up; whole groups beyond it are
+    skipped, so a step is mostly groups with a success to learn from, and one with none trains nothing
+    (1: no bound)."""
+
+
+class TrainerConfig(Section):
+    model: str = ""
+    """Model to train; empty uses [engine] model."""
+    device: Device = "cpu"
+    """Device of the trainer."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Master weights dtype."""
+    autocast_bf16: bool = False
+    """Run forward/backward under bfloat16 autocast."""
+    max_staleness: int = 1
+    """Sessions sampled more than this many versions ago are dropped; 0 is on-policy."""
+    max_steps: int = 0
+    """Stop after this many steps (0 runs until the dataset is exhausted)."""
+    max_minutes: float = Field(default=0.0, ge=0)
+    """Stop after this many minutes of training, counted across resumes (0: no time limit)."""
+    weight_sync_every: int = 1
+    """Push weights to the engine every k steps."""
+    stall_steps: int = Field(default=20, ge=0)
+    """Warn (trainer.log, metrics.jsonl, the progress display) when this many steps in a row trained nothing
+    because every group scored alike: a collapsed or solved run (0: never)."""
+    run_dir: str = "./runs/default"
+    """Checkpoints, metrics and logs of this run."""
+    weights_dir: str = ""
+    """Where pushed weights are written (must be readable by the engines); empty: /dev/shm for a local
+    engine, else run_dir/weights."""
+    seed: int = 0
+    """Trainer seed."""
+    threads: int = Field(default=0, ge=0)
+    """Torch CPU threads of the trainer process (0 keeps torch's default, every core); set apart
+    from `engine.threads`, so the two can split a machine's cores between them."""
+    poll_interval_s: float = 0.5
+    """How often the trainer looks for finished sessions."""
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    """What a step claims and trains, and how it is cut into forward passes."""
+    loss: LossConfig = Field(default_factory=LossConfig)
+    """The advantage estimator and the decoupled PPO loss (docs/trainer.md)."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """The AdamW optimizer."""
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    """The learning rate over the run (`trainer/schedule.py`)."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Checkpoints under run_dir/checkpoints."""
+    pods: Strategy[PodsConfig] = None
+    """Present: train only the most varied sessions of each group (off when absent or false)."""
+    unsolved: Strategy[UnsolvedConfig] = None
+    """Present: train groups that failed every time with a negative advantage (off when absent or false)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.schedule.shape != "constant" and not (self.max_steps or self.max_minutes):
+            raise ValueError(
+                f"trainer.schedule.shape {self.schedule.shape!r} decays the learning rate over the run's "
+                "budget: set trainer.max_steps or trainer.max_minutes"
+            )
+        return self

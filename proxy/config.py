@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -44,9 +45,11 @@ __all__ = [
     "TrainerConfig",
     "apply_override",
     "load_config",
+    "public_config",
 ]
 
 log = logging.getLogger("areal_config")
+ADMIN_KEY_ENV = "AREAL_ADMIN_KEY"
 
 
 class ProxyConfig(Section):
@@ -54,8 +57,11 @@ class ProxyConfig(Section):
     """Interface the HTTP server binds to."""
     port: int = 8000
     """TCP port of the HTTP server (0 picks a free one)."""
-    admin_key: str = ""
-    """When set, control endpoints need this key and model calls need a session or admin key."""
+    admin_key: str = Field(default_factory=lambda: os.environ.get(ADMIN_KEY_ENV, ""))
+    """When set, control endpoints need this key and model calls need a session or admin key; the
+    engine server and the front need it too. Unset, the environment's AREAL_ADMIN_KEY is used
+    (launchers hand a run's key to its components that way, never in a file or on a command line);
+    without any key a server binds only loopback addresses."""
     served_model_name: str = ""
     """Model id listed by /v1/models (slash-free); empty derives it from the model name."""
     public_url: str = ""
@@ -103,6 +109,8 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check(self) -> Config:
+        if not self.engine.api_key:
+            self.engine.api_key = self.proxy.admin_key  # our own engine servers share the run's key
         if self.trainer.batch.size % self.rollout.group_size:
             raise ValueError(
                 f"rollout.group_size {self.rollout.group_size} must divide trainer.batch.size {self.trainer.batch.size}"
@@ -112,6 +120,16 @@ class Config(Section):
 
 class ConfigError(ValueError):
     """A configuration file or override that cannot be used; the message says how to fix it."""
+
+
+SECRETS = {"proxy": {"admin_key"}, "engine": {"api_key"}}
+"""Config fields that are never written to a file a launcher hands to its components."""
+
+
+def public_config(cfg: Config) -> dict[str, Any]:
+    """`cfg` as JSON data without its keys: what launchers write for their components, which get
+    the keys from the environment (`AREAL_ADMIN_KEY`) instead."""
+    return cfg.model_dump(mode="json", exclude=SECRETS)
 
 
 class Moved(NamedTuple):

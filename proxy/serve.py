@@ -29,4 +29,6 @@ def serve(cfg: Config) -> int:
         return 1
     from proxy.servers.http import run_uvicorn
 
-    return run_uvicorn(app, cfg.proxy.host, cfg.proxy.port, cfg.proxy.log_level)
+    return run_uvicorn(
+        app, cfg.proxy.host, cfg.proxy.port, cfg.proxy.log_level, admin_key=cfg.proxy.admin_key, what="the proxy"
+    )

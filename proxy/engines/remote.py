@@ -148,7 +148,7 @@ class RemoteEngine(ABC):
     # ---- the engine ----
 
     async def start(self) -> None:
-        self._client = http_client(self.cfg.timeout_s)
+        self._client = http_client(self.cfg.timeout_s, self.cfg.api_key)
         answers = await asyncio.gather(*(self._describe(s) for s in self.pool.servers))
         found = [(s, m) for s, m in zip(self.pool.servers, answers, strict=True) if m is not None]
         if not found:

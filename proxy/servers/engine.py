@@ -16,6 +16,7 @@ int-like label is the version itself, any other label is given the next integer.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import math
 import time
@@ -26,16 +27,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.responses import Response, StreamingResponse
 
 from proxy.config import Config
 from proxy.engines.base import EngineRequestError, EngineUnavailable, SamplingParams, StreamDelta
 from proxy.engines.local import LocalEngine
+from proxy.errors import APIError
 from proxy.routes.common import JsonRoute
 from proxy.schemas.common import validation_error
 from proxy.schemas.engine import GenerateRequest, PauseGeneration, SGLangSampling, UpdateWeights
+from proxy.sessions import bearer
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,14 @@ _CLAMPED_LOGPROB = -999999999.0  # JSON has no -inf; SGLang clamps to this
 
 class RequestError(ValueError):
     """A request the engine cannot serve as sent: 400 in SGLang's error shape."""
+
+
+class KeyRequired(PermissionError):
+    """A call without the admin key, on a server that has one: 401 in SGLang's error shape."""
+
+
+OPEN_PATHS = ("/health", "/health_generate")
+"""What the engine server answers without its key (as SGLang's --api-key leaves health checks open)."""
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:
@@ -301,13 +312,33 @@ def create_engine_app(cfg: Config) -> FastAPI:
         finally:
             await server.engine.stop()
 
-    app = FastAPI(title="areal-proxy engine", lifespan=lifespan, docs_url=None, redoc_url=None)
+    def require_key(request: Request) -> None:
+        if not cfg.proxy.admin_key or request.url.path in OPEN_PATHS:
+            return
+        try:
+            token = bearer(request.headers.get("authorization"))
+        except APIError as exc:
+            raise KeyRequired(exc.message) from None
+        if token is None or not hmac.compare_digest(token, cfg.proxy.admin_key):
+            raise KeyRequired("this engine server needs its admin key as a bearer token")
+
+    app = FastAPI(
+        title="areal-proxy engine",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        dependencies=[Depends(require_key)],
+    )
     app.router.route_class = JsonRoute
     app.state.server = server
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> Response:
         return json_response(error_body(validation_error(list(exc.errors())).message, 400), 400)
+
+    @app.exception_handler(KeyRequired)
+    async def _no_key(_: Request, exc: KeyRequired) -> Response:
+        return json_response(error_body(str(exc), 401), 401)
 
     @app.exception_handler(RequestError)
     async def _bad_request(_: Request, exc: RequestError) -> Response:
@@ -379,4 +410,5 @@ def serve_engine(cfg: Config, host: str, port: int) -> int:
     """Run the engine server until interrupted; 0 on a clean stop, 1 if it never started."""
     from proxy.servers.http import run_uvicorn
 
-    return run_uvicorn(create_engine_app(cfg), host, port, cfg.proxy.log_level)
+    app = create_engine_app(cfg)
+    return run_uvicorn(app, host, port, cfg.proxy.log_level, admin_key=cfg.proxy.admin_key, what="the engine server")

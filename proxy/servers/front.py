@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
 from collections.abc import Collection
@@ -26,9 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from proxy.config import Config, ConfigError, FrontConfig
-from proxy.errors import APIError
+from proxy.errors import APIError, unauthorized
+from proxy.schemas.common import validation_error
+from proxy.schemas.control import Weights
 from proxy.sessions import bearer
 
 log = logging.getLogger("areal_front")
@@ -67,7 +71,10 @@ def routing_key(path: str, headers: dict[str, str]) -> str | None:
     if len(parts) > 2 and parts[1] == "sessions" and parts[2]:
         return "session:" + parts[2]
     if path.startswith("/v1/"):
-        token = bearer(headers.get("authorization"), headers.get("x-api-key"))
+        try:
+            token = bearer(headers.get("authorization"), headers.get("x-api-key"))
+        except APIError:  # a malformed key: any replica answers its 401
+            return None
         if token:
             return "key:" + token
     return None
@@ -130,11 +137,12 @@ def replica_failed(message: str, retry_after: int) -> APIError:
 class Front:
     """The ASGI application of the front."""
 
-    def __init__(self, cfg: FrontConfig, max_request_bytes: int) -> None:
+    def __init__(self, cfg: FrontConfig, max_request_bytes: int, admin_key: str = "") -> None:
         if not cfg.replicas:
             raise ConfigError("the front needs replicas: --replicas URL1,URL2 or [front] replicas = [...]")
         self.cfg = cfg
         self.max_request_bytes = max_request_bytes
+        self.admin_key = admin_key
         self.router = Router(cfg.replicas)
         self.client: httpx.AsyncClient | None = None
         self.weights: tuple[bytes, list[tuple[bytes, bytes]], int] | None = None  # last pushed: body, headers, version
@@ -158,6 +166,10 @@ class Front:
             return
         headers = _forward_headers(scope)
         if path == "/weights" and method == "POST":
+            refusal = self._check_push(scope, body)
+            if refusal is not None:
+                await _send_error(send, refusal)
+                return
             await self._push_weights(body, headers, send)
             return
         await self._forward(scope, body, headers, send)
@@ -230,6 +242,22 @@ class Front:
         await _send_error(send, replica_failed(message, self.cfg.retry_after_s))
 
     # -- weights ----------------------------------------------------------------------
+    def _check_push(self, scope: dict, body: bytes) -> APIError | None:
+        """A push is checked here before it fans out: the admin key (when one is set) and the body."""
+        if self.admin_key:
+            raw = dict(scope.get("headers") or [])
+            try:
+                token = bearer(raw.get(b"authorization", b"").decode("latin-1") or None)
+            except APIError as exc:
+                return exc
+            if token is None or not hmac.compare_digest(token, self.admin_key):
+                return unauthorized("pushing weights needs the admin key")
+        try:
+            Weights.model_validate_json(body)
+        except ValidationError as exc:
+            return validation_error(exc.errors(), skip=())
+        return None
+
     async def _push_weights(self, body: bytes, headers: list[tuple[bytes, bytes]], send: Any) -> None:
         """Every live replica loads the weights; the answer is the last replica's."""
         assert self.client is not None and self._weights_lock is not None
@@ -380,6 +408,15 @@ def serve_front(cfg: Config) -> int:
     """Run the front until interrupted."""
     from proxy.servers.http import run_uvicorn
 
-    app = Front(cfg.front, cfg.proxy.max_request_bytes)
+    app = Front(cfg.front, cfg.proxy.max_request_bytes, cfg.proxy.admin_key)
     # the replica's own Date and Server headers pass through
-    return run_uvicorn(app, cfg.front.host, cfg.front.port, cfg.proxy.log_level, server_header=False, date_header=False)
+    return run_uvicorn(
+        app,
+        cfg.front.host,
+        cfg.front.port,
+        cfg.proxy.log_level,
+        admin_key=cfg.proxy.admin_key,
+        what="the front",
+        server_header=False,
+        date_header=False,
+    )

@@ -46,9 +46,9 @@ class EngineProcess:
 
 
 @contextlib.contextmanager
-def run_engine(tmp: Path, *args: str, threads: int = 1) -> Iterator[EngineProcess]:
+def run_engine(tmp: Path, *args: str, threads: int = 1, env: dict[str, str] | None = None) -> Iterator[EngineProcess]:
     """`areal-proxy engine` on a free port; yields once `/health` answers (the model is loaded)."""
-    with cli_process(tmp, "engine", "--set", f"engine.threads={threads}", *args) as (url, proc, log):
+    with cli_process(tmp, "engine", "--set", f"engine.threads={threads}", *args, env=env) as (url, proc, log):
         yield EngineProcess(url=url, process=proc, log=log)
 
 

@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from proxy.engines import devices
+from proxy.runtime import devices
 from proxy.runtime.devices import cpu_has_native_bf16, warn_if_emulated_bf16
 
 AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw\nprocessor\t: 1\n"

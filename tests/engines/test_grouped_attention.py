@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache
 
-from proxy.engines import attention
+from proxy.runtime import attention
 from proxy.runtime.attention import register
 from tests.conftest import tiny_llama
 from tests.trainer.test_batch_step import RAGGED, SHARED

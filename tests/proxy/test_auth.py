@@ -79,3 +79,31 @@ def test_second_proxy_on_the_same_sqlite_file_is_refused(locked, tmp_path):
     )
     assert r.returncode != 0
     assert "PostgreSQL" in r.stderr and "another areal-proxy process" in r.stderr
+
+
+def test_a_session_key_cannot_read_its_answer(locked):
+    """The policy being trained holds its session key; a tool-using policy could otherwise fetch the
+    reference answer it is graded on, the reward function or the task's metadata."""
+    created = post(
+        locked, "/sessions", key=ADMIN, json={"reference": "42", "reward_fn": "math_exact", "metadata": {"hint": "42"}}
+    ).json()
+    url = f"{locked.url}/sessions/{created['session_id']}"
+    own = httpx.get(url, headers={"Authorization": f"Bearer {created['api_key']}"}, timeout=30).json()
+    assert not {"reference", "reward_fn", "metadata"} & set(own), own
+    admin = httpx.get(url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30).json()
+    assert admin["reference"] == "42" and admin["reward_fn"] == "math_exact" and admin["metadata"] == {"hint": "42"}
+
+
+@pytest.mark.parametrize("command", ["serve", "engine", "front"])
+def test_listening_off_loopback_needs_an_admin_key(command, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "proxy.cli", command, "--host", "0.0.0.0", "--port", "0"]
+    args += ["--db", f"sqlite:///{tmp_path}/a.db"] if command == "serve" else []
+    args += ["--replicas", "http://127.0.0.1:9"] if command == "front" else []
+    env = {k: v for k, v in os.environ.items() if k != "AREAL_ADMIN_KEY"}
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "without an admin key" in r.stderr and "AREAL_ADMIN_KEY" in r.stderr and "127.0.0.1" in r.stderr

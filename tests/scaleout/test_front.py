@@ -141,3 +141,15 @@ def test_admission_holds_across_replicas(tmp_path, engine):
         codes = asyncio.run(burst())
         assert sorted(codes).count(201) == 2 and set(codes) == {201, 429}, codes
         assert _count(db_url, select(func.count()).select_from(sessions)) == 4, "limit 4 = (0 + 1) × 4"
+
+
+def test_a_front_with_an_admin_key_checks_pushes_before_fanning_them_out(cluster, tmp_path):
+    before = [rep.get("/health").json()["version"] for rep in cluster.replicas]
+    with run_front(tmp_path, cluster.replicas, "--set", "proxy.admin_key=front-secret") as front:
+        body = {"path": "/nonexistent", "version": 99}
+        refused = httpx.post(front.url + "/weights", json=body, timeout=60)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+        keyed = {"Authorization": "Bearer front-secret"}
+        bad = httpx.post(front.url + "/weights", json={"path": "", "version": -1}, headers=keyed, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] in ("path", "version"), bad.text
+        assert [rep.get("/health").json()["version"] for rep in cluster.replicas] == before, "nothing reached them"

@@ -179,6 +179,9 @@ def test_ray_run_two_replicas_one_engine_two_runners(tmp_path):
         out, _ = proc.communicate(timeout=900)
         assert proc.returncode == 0, out[-4000:]
         check_run(tmp_path / "run", db_url, max_steps=3)
+        # the run's generated admin key reached every component through the environment, never a file
+        written = tmp_path / "run" / "config.json"
+        assert written.stat().st_mode & 0o777 == 0o600 and "admin_key" not in written.read_text()
 
 
 @pytest.mark.slow

@@ -90,10 +90,13 @@ def test_smoke_run_exits_zero(tmp_path):
         "trainer.optim.lr=2e-5",
         "trainer.schedule.shape=linear",
         "trainer.schedule.min_lr_ratio=0.5",
+        "proxy.admin_key=run-secret",  # the children get it from their environment, not from a file
     )
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-3000:]
     assert steps_done(tmp_path / "run") == 2
+    written = tmp_path / "run" / "config.json"
+    assert written.stat().st_mode & 0o777 == 0o600 and "run-secret" not in written.read_text()
     assert (tmp_path / "run" / "checkpoints").is_dir()
     lrs = [r["lr"] for r in read_metrics(tmp_path / "run") if "lr" in r]
     assert lrs == pytest.approx([2e-5, 1.5e-5])

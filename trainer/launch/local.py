@@ -28,10 +28,10 @@ from rich.table import Table
 
 from adapters.runner import EpisodeRunner
 from adapters.tasks import load_tasks
-from proxy.config import Config
+from proxy.config import ADMIN_KEY_ENV, Config, public_config
 from proxy.store.db import Database
 from proxy.store.sessions import fail_open_sessions
-from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy
+from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy, write_private
 from trainer.loop import proxy_url
 from trainer.metrics import progress_rows
 
@@ -48,12 +48,14 @@ def close_interrupted_sessions(cfg: Config) -> int:
 class Children:
     """The proxy and trainer processes of a run."""
 
-    def __init__(self, run_dir: Path, config_file: Path) -> None:
+    def __init__(self, run_dir: Path, config_file: Path, admin_key: str) -> None:
         self.run_dir = run_dir
         self.config_file = config_file
         self.procs: dict[str, subprocess.Popen] = {}
         env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if admin_key:
+            env[ADMIN_KEY_ENV] = admin_key  # the config file the children read holds no key
         self.env = env
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen:
@@ -91,14 +93,14 @@ def launch(cfg: Config, config_path: str | None) -> int:
         cfg.proxy.port = free_port()
     cfg.proxy.admission = True
     config_file = run_dir / "config.json"
-    config_file.write_text(json.dumps(cfg.model_dump(mode="json"), indent=2))
+    write_private(config_file, json.dumps(public_config(cfg), indent=2))
     (run_dir / "STOP").unlink(missing_ok=True)
     interrupted = close_interrupted_sessions(cfg)
     console = Console()
     if interrupted:
         console.print(f"closed {interrupted} sessions left open by an interrupted run")
     tasks = load_tasks(cfg.rollout.dataset, "train", cfg.rollout.seed)
-    children = Children(run_dir, config_file)
+    children = Children(run_dir, config_file, cfg.proxy.admin_key)
     url = proxy_url(cfg)
     proxy = children.start("proxy", ["-m", "proxy.cli", "serve"])
     try:

@@ -92,3 +92,11 @@ def stop_process(proc: subprocess.Popen | None, timeout: float = 60) -> int | No
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by this user only (0600), as a run's config files are."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

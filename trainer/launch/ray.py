@@ -27,6 +27,7 @@ import json
 import math
 import os
 import re
+import secrets
 import signal
 import threading
 import time
@@ -38,8 +39,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from proxy.config import Config, ConfigError
+from proxy.config import ADMIN_KEY_ENV, Config, ConfigError, public_config
 from proxy.store.db import is_sqlite
+from trainer.launch.processes import write_private
 from trainer.metrics import progress_rows
 
 FORWARDED_ENV = re.compile(r"^(HF_|HUGGINGFACE_|TRANSFORMERS_|AREAL_|TOKENIZERS_PARALLELISM$|OPENAI_AGENTS_)")
@@ -137,6 +139,10 @@ def prepare(cfg: Config, cwd: Path) -> Path:
     if not cfg.trainer.weights_dir:
         cfg.trainer.weights_dir = str(run_dir / "weights")  # readable by every engine, unlike /dev/shm
     cfg.proxy.admission = True
+    if not cfg.proxy.admin_key:  # components listen on the nodes' addresses: never without a key
+        cfg.proxy.admin_key = secrets.token_urlsafe(32)
+    if not cfg.engine.api_key:
+        cfg.engine.api_key = cfg.proxy.admin_key
     cfg.rollout.dataset = _absolute(cfg.rollout.dataset, cwd)
     cfg.rollout.agent = _absolute(cfg.rollout.agent, cwd)
     cfg.rewards.modules = [_absolute(m, cwd) for m in cfg.rewards.modules]
@@ -177,6 +183,7 @@ class Cluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.cwd = str(cwd)
         self.env = {k: v for k, v in os.environ.items() if FORWARDED_ENV.match(k)}
+        self.env[ADMIN_KEY_ENV] = cfg.proxy.admin_key  # components get the run's key here, never in a file
         self.console = console
         self.components: list[Component] = []
         self._process = ray.remote(ProcessActor)
@@ -214,7 +221,7 @@ class Cluster:
             component.url, component.node = f"http://{host}:{port}", host
 
     def start(self, components: list[Component], argv: list[str], health: bool = True) -> None:
-        config = self.cfg.model_dump(mode="json")
+        config = public_config(self.cfg)
         pids = self.ray.get([c.actor.start.remote(argv, config) for c in components])
         for component, pid in zip(components, pids):
             self.write_pid(component, pid)
@@ -229,7 +236,7 @@ class Cluster:
             component.state = "running"
 
     def start_runners(self, front_url: str) -> None:
-        config = self.cfg.model_dump(mode="json")
+        config = public_config(self.cfg)
         n = len(self.of("runner"))
         calls = [self._start_runner(c, config, front_url, k, n) for k, c in enumerate(self.of("runner"))]
         self.ray.get(calls)
@@ -287,7 +294,7 @@ class Cluster:
         self.copy_logs()
         if component.kind == "runner":
             runners, front = self.of("runner"), self.of("front")[0]
-            k, config = runners.index(component), self.cfg.model_dump(mode="json")
+            k, config = runners.index(component), public_config(self.cfg)
             self.ray.get(self._start_runner(component, config, front.url, k, len(runners)))
             return None
         self.write_pid(component, self.ray.get(component.actor.restart.remote()))
@@ -418,7 +425,7 @@ def _bring_up(cluster: Cluster) -> str:
         cfg.engine.backend = "sglang"
     cfg.proxy.public_url = front.url
     cfg.front.replicas = [p.url for p in proxies]
-    (cluster.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+    write_private(cluster.run_dir / "config.json", json.dumps(public_config(cfg), indent=2))
     serve = ["-m", "proxy.cli", "{kind}", "--host", "{{host}}", "--port", "{{port}}"]
     if engines:
         cluster.say(f"starting {len(engines)} engine servers")
@@ -491,7 +498,9 @@ def launch(cfg: Config, config_path: str | None, address: str | None) -> int:
         alive = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
         check_resources(cfg, ray.cluster_resources(), alive)
         cluster = Cluster(cfg, run_dir, cwd, console)
-        interrupted = ray.get(ray.remote(num_cpus=0)(_close_interrupted).remote(cfg.model_dump(mode="json")))
+        interrupted = ray.get(
+            ray.remote(num_cpus=0)(_close_interrupted).remote(public_config(cfg), cfg.proxy.admin_key)
+        )
         if interrupted:
             cluster.say(f"closed {interrupted} sessions left open by an interrupted run")
         _bring_up(cluster)
@@ -525,7 +534,9 @@ def launch(cfg: Config, config_path: str | None, address: str | None) -> int:
     return code
 
 
-def _close_interrupted(config: dict[str, Any]) -> int:
+def _close_interrupted(config: dict[str, Any], admin_key: str) -> int:
     from trainer.launch.local import close_interrupted_sessions
 
-    return close_interrupted_sessions(Config.model_validate(config))
+    cfg = Config.model_validate(config)
+    cfg.proxy.admin_key = admin_key
+    return close_interrupted_sessions(cfg)

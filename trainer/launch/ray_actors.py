@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from proxy.config import ADMIN_KEY_ENV
 from trainer.launch.processes import free_port, stop_process
 
 LOG_CHUNK = 1 << 20
@@ -124,7 +125,10 @@ class ProcessActor:
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """An HTTP call to the child, from its own node."""
-        r = httpx.request(method, f"http://{self.host}:{self.port}{path}", json=body, timeout=600, trust_env=False)
+        key = self.env.get(ADMIN_KEY_ENV)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        url = f"http://{self.host}:{self.port}{path}"
+        r = httpx.request(method, url, json=body, headers=headers, timeout=600, trust_env=False)
         try:
             return r.status_code, r.json()
         except ValueError:

@@ -29,7 +29,7 @@ from proxy.store.turns import last_completion_id, set_rewards_and_returns, set_t
 from rewards.builtins import resolve_reward
 from rewards.config import RewardsConfig
 from rewards.returns import tree_returns
-from rewards.scoring import Score, score, validate
+from rewards.scoring import RewardSlots, Score, score, validate
 from rewards.session import CompletionView, SessionView
 
 
@@ -69,6 +69,7 @@ class RewardService:
         self.sessions = sessions
         self.cfg = cfg
         self.metrics = metrics
+        self.slots = RewardSlots(cfg.max_workers)
 
     async def set_reward(self, session_id: str, reward: float, completion_id: str | None) -> dict[str, Any]:
         def op(conn: Connection) -> dict[str, Any]:
@@ -108,7 +109,7 @@ class RewardService:
             except (KeyError, ValueError) as exc:
                 raise invalid_request(str(exc.args[0] if exc.args else exc), "reward_fn") from None
             view = await self.db.aread(lambda c: self._view(c, session_id, reference))
-            result = await score(fn, view, self.cfg.timeout_s, name=fn_name)
+            result = await score(fn, view, self.cfg.timeout_s, self.slots, name=fn_name)
         outcome = await self.db.write(lambda c: self._apply(c, session_id, spec, result))
         self.sessions.set_status(session_id, outcome["status"])
         self.metrics.inc("areal_sessions_finished_total", status=outcome["status"])

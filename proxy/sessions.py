@@ -5,7 +5,8 @@ a session key as its bearer token. Without `[proxy] admin_key` (the local
 default) anything else goes into an automatic session per conversation root.
 With an admin key, model calls need their session's key (or the admin key) and
 control endpoints need the admin key; a session key never reaches another session.
-Keys are stored as SHA-256 hashes. Session rows are cached; the store is the truth.
+Keys are stored as SHA-256 hashes. The most recently used sessions are cached (a
+bounded LRU); the store is the truth.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,13 +70,48 @@ def bearer(authorization: str | None, x_api_key: str | None = None) -> str | Non
     return token
 
 
+class RecentSessions:
+    """The sessions used most recently, at most `size`, by id and by key hash: a server running for
+    days in front of millions of episodes holds the working set, not every session it ever saw."""
+
+    def __init__(self, size: int = 65_536) -> None:
+        self.size = size
+        self._by_id: OrderedDict[str, SessionInfo] = OrderedDict()
+        self._by_key: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def get(self, session_id: str) -> SessionInfo | None:
+        info = self._by_id.get(session_id)
+        if info is not None:
+            self._by_id.move_to_end(session_id)
+        return info
+
+    def id_for_key(self, key_hash: str) -> str | None:
+        return self._by_key.get(key_hash)
+
+    def put(self, info: SessionInfo) -> None:
+        self.pop(info.id)
+        self._by_id[info.id] = info
+        if info.key_hash:
+            self._by_key[info.key_hash] = info.id
+        while len(self._by_id) > self.size:
+            _, evicted = self._by_id.popitem(last=False)
+            self._by_key.pop(evicted.key_hash or "", None)
+
+    def pop(self, session_id: str) -> None:
+        info = self._by_id.pop(session_id, None)
+        if info is not None and info.key_hash:
+            self._by_key.pop(info.key_hash, None)
+
+
 class SessionService:
     def __init__(self, db: Database, admin_key: str, auto_sessions: bool) -> None:
         self.db = db
         self.admin_key = admin_key
         self.auto_sessions = auto_sessions
-        self._by_id: dict[str, SessionInfo] = {}
-        self._by_key: dict[str, str] = {}
+        self.recent = RecentSessions()
 
     # -- auth -----------------------------------------------------------------------
     def is_admin(self, token: str | None) -> bool:
@@ -93,7 +130,7 @@ class SessionService:
             )
 
     def _known_key(self, token: str) -> bool:
-        return hash_key(token) in self._by_key
+        return self.recent.id_for_key(hash_key(token)) is not None
 
     async def for_model_call(self, caller: Caller) -> SessionInfo | None:
         """The open session a model call belongs to; None means an automatic session."""
@@ -122,7 +159,7 @@ class SessionService:
 
     async def _by_token(self, token: str) -> SessionInfo | None:
         digest = hash_key(token)
-        session_id = self._by_key.get(digest)
+        session_id = self.recent.id_for_key(digest)
         if session_id is None:
             row = await self.db.aread(lambda c: session_by_key_hash(c, digest))
             if row is None:
@@ -133,7 +170,7 @@ class SessionService:
 
     # -- lookup ---------------------------------------------------------------------
     async def get(self, session_id: str, *, fresh: bool = False) -> SessionInfo:
-        info = None if fresh else self._by_id.get(session_id)
+        info = None if fresh else self.recent.get(session_id)
         if info is None:
             row = await self.db.aread(lambda c: get_session(c, session_id))
             if row is None:
@@ -151,20 +188,16 @@ class SessionService:
             reference=row.reference,
             seed=row.seed,
         )
-        self._by_id[info.id] = info
-        if info.key_hash:
-            self._by_key[info.key_hash] = info.id
+        self.recent.put(info)
         return info
 
     def set_status(self, session_id: str, status: str) -> None:
-        info = self._by_id.get(session_id)
+        info = self.recent.get(session_id)
         if info is not None:
             info.status = status
 
     def forget(self, session_id: str) -> None:
-        info = self._by_id.pop(session_id, None)
-        if info is not None and info.key_hash:
-            self._by_key.pop(info.key_hash, None)
+        self.recent.pop(session_id)
 
     # -- creation -------------------------------------------------------------------
     async def create(
@@ -227,8 +260,7 @@ class SessionService:
                 reference=reference,
                 seed=row["seed"],
             )
-            self._by_id[info.id] = info
-            self._by_key[info.key_hash or ""] = info.id
+            self.recent.put(info)
             out.append((info, key))
         return out
 

@@ -121,7 +121,6 @@ class LocalEngine:
             "restarts": 0,
             "failed_requests": 0,
         }
-        self._stop_strings_window: dict[str, int] = {}
 
     # -- protocol -----------------------------------------------------------------
     @property

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rewards.scoring import Score, score, validate
+from rewards.scoring import RewardSlots, Score, score, validate
 from rewards.session import CompletionView, SessionView
 
 
@@ -26,7 +26,7 @@ def view(*ids: str) -> SessionView:
 
 
 def run(fn, timeout_s: float = 1.0, name: str | None = None, session: SessionView | None = None) -> Score:
-    return asyncio.run(score(fn, session or view("c1"), timeout_s, name=name))
+    return asyncio.run(score(fn, session or view("c1"), timeout_s, RewardSlots(16), name=name))
 
 
 def test_floats_and_mappings_are_checked():
@@ -88,7 +88,8 @@ def test_stuck_sync_rewards_leave_the_loops_executor_free():
         return 1.0
 
     async def main() -> None:
-        results = await asyncio.gather(*(score(stuck, view("c1"), 0.2, name="stuck") for _ in range(40)))
+        slots = RewardSlots(64)
+        results = await asyncio.gather(*(score(stuck, view("c1"), 0.2, slots, name="stuck") for _ in range(40)))
         assert {r.error for r in results} == {"reward stuck timed out after 0.2s"}
         assert await asyncio.wait_for(asyncio.to_thread(lambda: "a store read"), 2) == "a store read"
 
@@ -101,3 +102,41 @@ def test_stuck_sync_rewards_leave_the_loops_executor_free():
 def test_validate_refuses_a_completion_of_another_session():
     with pytest.raises(ValueError, match="not in this session"):
         validate({"x": 1.0}, {"c1"})
+
+
+def test_sync_rewards_run_on_a_bounded_pool():
+    """At most `max_workers` sync rewards run at once; stuck ones hold their slots, so the next
+    call times out waiting for a worker instead of starting one more thread."""
+    running, most = 0, 0
+    lock = threading.Lock()
+    release = threading.Event()
+
+    def slow(session: SessionView) -> float:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.2)
+        with lock:
+            running -= 1
+        return 1.0
+
+    def stuck(session: SessionView) -> float:
+        release.wait(30)
+        return 1.0
+
+    async def main() -> None:
+        slots = RewardSlots(2)
+        results = await asyncio.gather(*(score(slow, view("c1"), 10, slots, name="slow") for _ in range(6)))
+        assert all(r.total == 1.0 for r in results) and most == 2
+        threads = threading.active_count()
+        stuck_results = await asyncio.gather(*(score(stuck, view("c1"), 0.3, slots, name="stuck") for _ in range(2)))
+        assert {r.error for r in stuck_results} == {"reward stuck timed out after 0.3s"}
+        late = await score(slow, view("c1"), 0.3, slots, name="slow")
+        assert late.error == "reward slow timed out after 0.3s waiting for one of 2 reward workers"
+        assert threading.active_count() <= threads + 2, "only the two stuck threads were added"
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.config import BalanceConfig
 
 if TYPE_CHECKING:
-    from adapters.strategies import Group
+    from adapters.groups import Group
 
 
 class KindBalancer:

@@ -24,37 +24,18 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from adapters.config import RolloutConfig
-from adapters.strategies import Group, NextGroup, strategies
+from adapters.groups import Group, NextGroup, RunnerStats
+from adapters.strategies import strategies
 from adapters.tasks import is_command, load_agent
 from proxy.seeds import derive_seed
 
 log = logging.getLogger("areal_runner")
-
-
-@dataclass
-class RunnerStats:
-    tasks_started: int = 0
-    episodes_started: int = 0
-    episodes_finished: int = 0
-    episodes_failed: int = 0
-    admission_waits: int = 0
-    hard_groups: int = 0  # retry groups started ([rollout.retry])
-    screened_out: int = 0  # groups ended after their screen ([rollout.screen])
-    reward_sum: float = 0.0
-    recent_rewards: list[float] = field(default_factory=list)
-
-    def record(self, reward: float | None) -> None:
-        if reward is None:
-            return
-        self.reward_sum += reward
-        self.recent_rewards = (self.recent_rewards + [reward])[-256:]
 
 
 class EpisodeRunner:

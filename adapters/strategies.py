@@ -12,45 +12,12 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from adapters.balance import BalancedOrder
 from adapters.config import RolloutConfig
-
-if TYPE_CHECKING:
-    from adapters.runner import RunnerStats
-
-
-@dataclass
-class Group:
-    """A started group as the runner tracks it until its last session has ended."""
-
-    task: dict[str, Any]
-    retry: bool
-    left: int  # sessions not yet ended
-    held: list[dict[str, Any]] = field(default_factory=list)  # created, not run until the screen decides
-    screening: int = 0  # screen episodes still running
-    screen_rewards: set[float] = field(default_factory=set)
-    rewards: set[float] = field(default_factory=set)  # distinct rewards of its ended sessions
-    kind: str | None = None  # the task's kind, when tasks are drawn by kind
-
-    @property
-    def earned(self) -> bool:
-        """Some session scored above 0."""
-        return any(r > 0 for r in self.rewards)
-
-
-@dataclass(frozen=True)
-class NextGroup:
-    """The group to start next: its task, group id, size and how many of it run first."""
-
-    task: dict[str, Any]
-    group_id: str
-    size: int
-    first: int
-    kind: str | None = None
-    retry: bool = False
+from adapters.groups import Group, NextGroup, RunnerStats
 
 
 class TaskOrder(Protocol):

@@ -35,6 +35,7 @@ class ChatRequest:
     top_k: int = 0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
     tools: list[dict[str, Any]] = field(default_factory=list)
@@ -57,6 +58,12 @@ class ChatRequest:
             return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": {'
         return '<tool_call>\n{"name": "'
 
+    def text_size(self) -> int:
+        """Characters of message text, tool-call arguments and tool schemas: what rendering costs."""
+        size = sum(len(m.get("content") or "") for m in self.messages)
+        size += sum(len(c["function"]["arguments"]) for m in self.messages for c in m.get("tool_calls") or ())
+        return size + (len(json.dumps(self.tools)) if self.tools else 0)
+
     def sampling(self) -> dict[str, Any]:
         return {
             "max_tokens": self.max_tokens,
@@ -65,6 +72,7 @@ class ChatRequest:
             "top_k": self.top_k,
             "seed": self.seed,
             "stop": self.stop,
+            "ignore_eos": self.ignore_eos,
             "n": self.n,
             "tool_choice": self.tool_choice,
         }
@@ -112,6 +120,7 @@ def chat_request(body: ChatCompletionRequest, max_n: int) -> ChatRequest:
         top_k=max(0, body.top_k or 0),
         seed=body.seed,
         stop=[stop] if isinstance(stop, str) else list(stop or ()),
+        ignore_eos=bool(body.ignore_eos),
         logprobs=bool(body.logprobs),
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
         tools=tools,

@@ -15,6 +15,7 @@ import time
 from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 
 from sqlalchemy import Connection
 
@@ -28,15 +29,18 @@ from proxy.engines.base import (
     InvalidSampling,
     SamplingParams,
 )
-from proxy.errors import APIError, conflict, context_length, engine_unavailable, invalid_request
+from proxy.errors import APIError, conflict, context_length, engine_unavailable, invalid_request, store_unavailable
 from proxy.render import ParentTokens, Prompt, Renderer
 from proxy.reply import Reply, ReplyBuilder
 from proxy.seeds import derive_seed
 from proxy.sessions import Caller, SessionInfo, SessionService, new_session_id
-from proxy.store.db import Database
+from proxy.store.db import Database, StoreUnavailable
 from proxy.store.tokens import pack_floats, pack_ints
 from proxy.store.tree import Node, NodeCache, find_parent
-from proxy.store.turns import record_turn
+from proxy.store.turns import record_turn, turn_recorded
+
+OFF_LOOP_CHARS = 32_768
+"""Requests with more text than this are rendered and tokenized on a worker thread."""
 
 
 @dataclass
@@ -104,7 +108,10 @@ class CompletionService:
                 num_messages=parent.num_messages,
                 ended_with_eos=parent.ended_with_eos,
             )
-        prompt = self.renderer.prompt(request.messages, request.tools, parent_tokens, request.forced_prefix())
+        render = partial(self.renderer.prompt, request.messages, request.tools, parent_tokens, request.forced_prefix())
+        # Rendering and tokenizing a long conversation takes milliseconds per 10 KB: off the event
+        # loop, which meanwhile streams every other client's tokens.
+        prompt = await asyncio.to_thread(render) if request.text_size() > OFF_LOOP_CHARS else render()
         if not prompt.parent_used:
             parent = None
         if session is not None:
@@ -147,6 +154,7 @@ class CompletionService:
             if request.seed is not None or session_seed is None
             else derive_seed(session_seed, prompt_ids),
             stop=tuple(request.stop),
+            ignore_eos=request.ignore_eos,
             top_logprobs=request.top_logprobs if request.logprobs else 0,
         )
 
@@ -272,7 +280,12 @@ class CompletionService:
             )
         span = (min(versions), max(versions)) if versions else None
         try:
-            await self.db.write(lambda conn: _insert_turn(conn, turn, rows, now, span))
+            await self.db.write(
+                lambda conn: _insert_turn(conn, turn, rows, now, span),
+                recorded=lambda conn: turn_recorded(conn, turn.response_id),
+            )
+        except StoreUnavailable as exc:  # an APIError, so that a stream ends with an error event
+            raise store_unavailable(str(exc)) from exc
         except APIError:
             self.sessions.forget(turn.session_id)  # closed elsewhere (another replica): the cache was stale
             raise

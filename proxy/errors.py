@@ -85,6 +85,16 @@ def engine_unavailable(message: str, retry_after: int = 2) -> APIError:
     )
 
 
+def store_unavailable(message: str, retry_after: int = 5) -> APIError:
+    """The store's database is down, full or unreachable: a call that could not be recorded is not answered."""
+    return APIError(
+        503,
+        message,
+        code="store_unavailable",
+        headers={"retry-after": str(retry_after), "x-should-retry": "true"},
+    )
+
+
 def too_many(message: str, retry_after: float) -> APIError:
     return APIError(
         429,

@@ -12,10 +12,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from proxy.app import AppState
 from proxy.completions import CompletionService
 from proxy.rewards_service import RewardService
 from proxy.sessions import Caller, SessionService, bearer
+from proxy.state import AppState
 
 
 def app_state(request: Request) -> AppState:

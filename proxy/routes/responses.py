@@ -32,7 +32,7 @@ from proxy.sessions import Caller
 from proxy.store.turns import response_messages
 
 if TYPE_CHECKING:
-    from proxy.app import AppState
+    from proxy.state import AppState
 
 router = APIRouter(route_class=JsonRoute)
 

@@ -111,6 +111,8 @@ class ChatCompletionRequest(Wire):
     """-1 or 0: off."""
     seed: Seed | None = None
     stop: Stop = None
+    ignore_eos: bool | None = None
+    """vLLM's extension: generate past the end-of-sequence token, up to max_tokens (benchmarks)."""
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None

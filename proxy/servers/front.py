@@ -22,7 +22,7 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,7 +159,11 @@ class Front:
         if path == "/health" and method == "GET":
             await self._health(send)
             return
-        body = await _read_body(receive, self.max_request_bytes)
+        try:
+            body = await _read_body(receive, self.max_request_bytes)
+        except ClientGone:  # hung up mid-upload: a truncated body is never forwarded
+            log.info("client disconnected before sending the whole body of %s %s", method, path)
+            return
         if body is None:
             error = APIError(413, f"request body exceeds the limit of {self.max_request_bytes} bytes")
             await _send_error(send, error)
@@ -172,7 +176,7 @@ class Front:
                 return
             await self._push_weights(body, headers, send)
             return
-        await self._forward(scope, body, headers, send)
+        await _until_disconnect(receive, self._forward(scope, body, headers, send))
 
     # -- forwarding -------------------------------------------------------------------
     async def _forward(self, scope: dict, body: bytes, headers: list[tuple[bytes, bytes]], send: Any) -> None:
@@ -368,13 +372,39 @@ def _forward_headers(scope: dict) -> list[tuple[bytes, bytes]]:
     return headers
 
 
+class ClientGone(Exception):
+    """The client disconnected."""
+
+
+async def _until_disconnect(receive: Any, forward: Awaitable[None]) -> None:
+    """Run `forward`, cancelling it if the client hangs up: the replica's request is closed with it,
+    so the replica cancels the generation, as it does for a client that hangs up on it directly."""
+    task = asyncio.ensure_future(forward)
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        task.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not watcher.done():
+            raise
+        log.info("client disconnected; its request to the replica was closed")
+    finally:
+        watcher.cancel()
+
+
 async def _read_body(receive: Any, limit: int) -> bytes | None:
-    """The whole request body (kept, so a request that reached no replica can go to another), or None if too big."""
+    """The whole request body (kept, so a request that reached no replica can go to another), or None
+    if too big; `ClientGone` if the client hung up before sending all of it."""
     chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

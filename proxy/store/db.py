@@ -1,10 +1,17 @@
-"""Database access: engine setup, migrations, and group commit.
+"""Database access: engine setup, migrations, group commit, and what a failing database raises.
 
 All writes of a proxy process go through one writer thread that drains its queue
 and commits everything waiting in a single transaction (group commit): under
 load, one fsync covers many completions, yet no caller is answered before its
 own rows are durable. If a grouped transaction fails, its operations are retried
 one by one so one bad operation cannot sink the others. Reads use the pool.
+
+A database that is down, full, partitioned or too slow raises `StoreUnavailable`
+(the app answers 503 + Retry-After) within the `[store]` timeouts, never a hang;
+the pool drops dead connections, so service resumes by itself once it is back.
+A COMMIT cut off with its connection may or may not have landed: a write that says
+how to tell (`recorded`) is checked and, if absent, written again, so a stored row
+is never reported as failed, nor stored twice.
 
 SQLite runs in WAL mode with `synchronous=FULL`; one proxy process owns a SQLite
 file (a lock file refuses a second one; use PostgreSQL for several replicas).
@@ -16,17 +23,20 @@ import asyncio
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg
 from sqlalchemy import Connection, create_engine, event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine import Engine as SAEngine
-from sqlalchemy.engine import make_url
 
 from proxy.store.config import StoreConfig
 from proxy.store.migrations import migrate
@@ -34,10 +44,28 @@ from proxy.store.migrations import migrate
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 WriteOp = Callable[[Connection], Any]
+Recorded = Callable[[Connection], bool]
+Outcome = tuple[Any, BaseException | None]
 
 
 class StoreLocked(RuntimeError):
     """Another proxy process already owns this SQLite database."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The database cannot be reached or is failing (down, full, partitioned, timed out): nothing is
+    wrong with the request, and the same call can succeed once the database is back."""
+
+
+class _CommitLost(StoreUnavailable):
+    """The database failed during COMMIT: the transaction may or may not be stored."""
+
+
+UNAVAILABLE = "the store's database cannot be reached or is failing; retry later"
+UNKNOWN = (
+    "the store's database stopped answering while committing this call and has not come back: "
+    "whether it was recorded is unknown; retry later"
+)
 
 
 def is_sqlite(url: str) -> bool:
@@ -70,7 +98,143 @@ def create_db_engine(cfg: StoreConfig) -> SAEngine:
         return engine
     if url.get_backend_name() == "postgresql" and url.drivername == "postgresql":
         url = url.set(drivername="postgresql+psycopg")
-    return create_engine(url, pool_size=cfg.pool_size, max_overflow=cfg.max_overflow, pool_pre_ping=True)
+    engine = create_engine(
+        url,
+        pool_size=cfg.pool_size,
+        max_overflow=cfg.max_overflow,
+        pool_pre_ping=True,
+        connect_args=_postgres_settings(cfg, url),
+    )
+    answer_s = cfg.statement_timeout_s + cfg.connect_timeout_s if cfg.statement_timeout_s else None
+
+    @event.listens_for(engine, "do_connect")
+    def _connect(_dialect, _record, cargs, cparams) -> _BoundedConnection:  # noqa: ANN001
+        conn = _BoundedConnection.connect(*cargs, **cparams)
+        conn.answer_timeout_s = answer_s
+        return conn
+
+    return engine
+
+
+def _postgres_settings(cfg: StoreConfig, url: URL) -> dict[str, Any]:
+    """libpq settings under which a dead, full or unreachable server fails a call instead of hanging it.
+
+    `connect_timeout` bounds a new connection; keepalives and `tcp_user_timeout` make the kernel drop
+    a connection whose peer vanished; the server cancels statements past `statement_timeout` and ends
+    a session left idle inside a transaction (its client cut off) so that its locks are released.
+    Settings named in the URL win; its `options` are kept.
+    """
+    connect = max(2, math.ceil(cfg.connect_timeout_s))  # whole seconds, at least 2, as libpq takes them
+    settings: dict[str, Any] = {
+        "connect_timeout": connect,
+        "keepalives": 1,
+        "keepalives_idle": connect,
+        "keepalives_interval": connect,
+        "keepalives_count": 3,
+        "tcp_user_timeout": 4 * connect * 1000,
+    }
+    settings = {key: value for key, value in settings.items() if key not in url.query}
+    if cfg.statement_timeout_s:
+        statement_ms = round(cfg.statement_timeout_s * 1000)
+        idle_ms = statement_ms + connect * 1000
+        ours = f"-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={idle_ms}"
+        settings["options"] = f"{url.query['options']} {ours}" if "options" in url.query else ours
+    return settings
+
+
+class _BoundedConnection(psycopg.Connection):
+    """A psycopg connection whose every wait for the server ends.
+
+    psycopg waits for an answer without limit, and a partitioned or hung server may never close the
+    socket (its kernel, or a proxy in between, keeps acknowledging), so one lost answer would hold a
+    thread (the writer's, for every caller) forever. Past `answer_timeout_s` (the server's statement
+    timeout plus the connect timeout, so the server's own timeout fires first when it can) the
+    connection is closed mid-protocol and the call fails; the pool then discards it.
+    """
+
+    answer_timeout_s: float | None = None
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.answer_timeout_s is None:
+            return super().wait(gen, *args, **kwargs)
+        try:
+            return super().wait(_until(gen, time.monotonic() + self.answer_timeout_s), *args, **kwargs)
+        except _NoAnswer:
+            self.pgconn.finish()  # the protocol stopped halfway: this connection cannot be used again
+            raise psycopg.OperationalError(
+                f"the database server did not answer within {self.answer_timeout_s:g}s"
+            ) from None
+
+
+class _NoAnswer(Exception):
+    pass
+
+
+def _until(gen: Generator[Any, Any, T], deadline: float) -> Generator[Any, Any, T]:
+    """psycopg's wait generator `gen`, abandoned once `deadline` passes (psycopg resumes it every 0.1 s)."""
+    try:
+        state = next(gen)
+        while True:
+            ready = yield state
+            if time.monotonic() > deadline:
+                raise _NoAnswer
+            state = gen.send(ready)
+    except StopIteration as done:
+        return done.value
+
+
+# -- failures ---------------------------------------------------------------------------
+_SQLITE_FAILING = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_READONLY")
+_PG_READ_ONLY = "25006"  # a standby answering while a failover completes
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the database is unreachable or failing, rather than that the operation was wrong."""
+    if isinstance(exc, sa_exc.TimeoutError):  # every pooled connection stayed busy past pool_timeout
+        return True
+    if not isinstance(exc, sa_exc.DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    sqlite_code = getattr(exc.orig, "sqlite_errorname", None)
+    if sqlite_code is not None:
+        return sqlite_code.startswith(_SQLITE_FAILING)
+    # psycopg's OperationalError: connection failures, timeouts, disk full, shutdown, cancelled statements
+    return isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)) or (
+        getattr(exc.orig, "sqlstate", None) == _PG_READ_ONLY
+    )
+
+
+def _is_transient(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "database is locked" in text or "deadlock" in text or "could not serialize" in text
+
+
+def _unavailable(
+    cause: BaseException | None, message: str = UNAVAILABLE, kind: type[StoreUnavailable] = StoreUnavailable
+) -> StoreUnavailable:
+    error = kind(message)
+    error.__cause__ = cause
+    return error
+
+
+def _log_unavailable(exc: BaseException) -> None:
+    log.warning("store unavailable: %s", (str(exc).splitlines() or [type(exc).__name__])[0])
+
+
+@contextlib.contextmanager
+def _failures_as_unavailable() -> Iterator[None]:
+    try:
+        yield
+    except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
+        if not _is_unavailable(exc):
+            raise
+        _log_unavailable(exc)
+        raise _unavailable(exc) from exc
+
+
+def _unless_recorded(op: WriteOp, recorded: Recorded) -> WriteOp:
+    return lambda conn: None if recorded(conn) else op(conn)
 
 
 class Database:
@@ -83,11 +247,24 @@ class Database:
         self._lock_file: Any = None
         if owner and self.sqlite:
             self._take_sqlite_ownership()
-        migrate(self.engine)
+        self._migrate()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self.commits = 0
         self.committed_ops = 0
+        # How long a write whose COMMIT was cut off waits for the database to say whether it landed.
+        self._resolve_s = cfg.connect_timeout_s + cfg.statement_timeout_s
+
+    def _migrate(self) -> None:
+        if self.sqlite:
+            migrate(self.engine)
+            return
+        # A migration may wait for another replica's, or rewrite a large table: no statement timeout.
+        engine = create_db_engine(self.cfg.model_copy(update={"statement_timeout_s": 0.0}))
+        try:
+            migrate(engine)
+        finally:
+            engine.dispose()
 
     # -- ownership ------------------------------------------------------------------
     def _take_sqlite_ownership(self) -> None:
@@ -113,7 +290,7 @@ class Database:
 
     # -- reads ----------------------------------------------------------------------
     def read(self, fn: Callable[[Connection], T]) -> T:
-        with self.engine.connect() as conn:
+        with _failures_as_unavailable(), self.engine.connect() as conn:
             return fn(conn)
 
     async def aread(self, fn: Callable[[Connection], T]) -> T:
@@ -121,7 +298,7 @@ class Database:
 
     def transaction(self, fn: Callable[[Connection], T]) -> T:
         """Run `fn` in its own write transaction on the calling thread (CLI tools, trainer)."""
-        with self._write_connection() as conn, conn.begin():
+        with _failures_as_unavailable(), self._write_connection() as conn, conn.begin():
             return fn(conn)
 
     @contextlib.contextmanager
@@ -131,7 +308,8 @@ class Database:
             try:
                 yield conn
             finally:
-                conn.info.pop("write", None)
+                if not conn.invalidated:  # else `info` went with the dead connection; reaching it reconnects
+                    conn.info.pop("write", None)
 
     # -- writes -----------------------------------------------------------------------
     def start_writer(self) -> None:
@@ -145,13 +323,22 @@ class Database:
             self._writer.join(30)
             self._writer = None
 
-    async def write(self, op: WriteOp) -> Any:
-        """Run `op(conn)` in the next group commit; return its result once durable."""
+    async def write(self, op: WriteOp, *, recorded: Recorded | None = None) -> Any:
+        """Run `op(conn)` in the next group commit; return its result once durable.
+
+        `recorded(conn)` says whether `op` is already stored. If the database fails during COMMIT,
+        it is asked once the database answers again: True settles the call (with None: the result
+        is lost with the connection), False runs `op` again. A write without it fails then with
+        `StoreUnavailable`, its outcome unknown.
+        """
         if self._writer is None:
-            return await asyncio.to_thread(self.transaction, op)
+            result, error = await asyncio.to_thread(self._run_alone, op, recorded)
+            if error is not None:
+                raise error
+            return result
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put((op, loop, future))
+        self._queue.put((op, recorded, loop, future))
         return await future
 
     def _write_loop(self) -> None:
@@ -171,31 +358,79 @@ class Database:
                 batch.append(nxt)
             self._commit(batch)
 
-    def _commit(self, batch: list[tuple[WriteOp, asyncio.AbstractEventLoop, asyncio.Future]]) -> None:
+    def _commit(self, batch: list[tuple[WriteOp, Recorded | None, asyncio.AbstractEventLoop, asyncio.Future]]) -> None:
+        items = [(op, recorded) for op, recorded, _, _ in batch]
         try:
-            with self._write_connection() as conn, conn.begin():
-                results = [op(conn) for op, _, _ in batch]
-            outcomes: list[tuple[Any, BaseException | None]] = [(r, None) for r in results]
+            results = self._transaction([op for op, _ in items])
+            outcomes: list[Outcome] = [(r, None) for r in results]
+        except _CommitLost:
+            outcomes = self._each_alone(items, lost=True)
+        except StoreUnavailable as exc:  # nothing was stored, and nothing will be until it is back
+            outcomes = [(None, _unavailable(exc.__cause__ or exc)) for _ in batch]
         except Exception:
-            if len(batch) == 1:
-                outcomes = [self._run_alone(batch[0][0])]
-            else:
-                outcomes = [self._run_alone(op) for op, _, _ in batch]
+            outcomes = self._each_alone(items)
         self.commits += 1
         self.committed_ops += len(batch)
-        for (_, loop, future), (result, error) in zip(batch, outcomes):
-            loop.call_soon_threadsafe(_settle, future, result, error)
+        for (_, _, loop, future), (result, error) in zip(batch, outcomes):
+            with contextlib.suppress(RuntimeError):  # its event loop has closed: nobody is waiting
+                loop.call_soon_threadsafe(_settle, future, result, error)
 
-    def _run_alone(self, op: WriteOp) -> tuple[Any, BaseException | None]:
-        for attempt in range(3):
+    def _transaction(self, ops: list[WriteOp]) -> list[Any]:
+        """Run `ops` in one write transaction. A failing database raises `StoreUnavailable`, or
+        `_CommitLost` when it failed during COMMIT; a transient conflict is raised as it is."""
+        committing = False
+        try:
+            with self._write_connection() as conn, conn.begin():
+                results = [op(conn) for op in ops]
+                committing = True  # whatever fails from here on, the COMMIT may have landed
+        except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
+            if not _is_unavailable(exc) or _is_transient(exc):
+                raise
+            _log_unavailable(exc)
+            raise _unavailable(exc, kind=_CommitLost if committing else StoreUnavailable) from exc
+        return results
+
+    def _each_alone(self, items: list[tuple[WriteOp, Recorded | None]], *, lost: bool = False) -> list[Outcome]:
+        """Run each operation in its own transaction; `lost`: their grouped COMMIT was cut off."""
+        deadline = time.monotonic() + self._resolve_s
+        outcomes: list[Outcome] = []
+        down: BaseException | None = None  # the database did not answer: the rest are not tried
+        for op, recorded in items:
+            if down is not None:
+                outcomes.append((None, _unavailable(down, UNKNOWN if lost else UNAVAILABLE)))
+                continue
+            result, error = self._run_alone(op, recorded, lost=lost, deadline=deadline)
+            if isinstance(error, StoreUnavailable) and (recorded is not None or not lost):
+                down = error.__cause__ or error
+            outcomes.append((result, error))
+        return outcomes
+
+    def _run_alone(
+        self, op: WriteOp, recorded: Recorded | None, *, lost: bool = False, deadline: float | None = None
+    ) -> Outcome:
+        """Run one operation in its own transaction, retrying transient conflicts. Once a COMMIT of
+        it is lost (`lost`), ask `recorded` first, and keep asking until `deadline` while the
+        database does not answer."""
+        deadline = time.monotonic() + self._resolve_s if deadline is None else deadline
+        attempt = 0
+        while True:
+            if lost and recorded is None:
+                return None, _unavailable(None, UNKNOWN)
             try:
-                with self._write_connection() as conn, conn.begin():
-                    return op(conn), None
-            except Exception as exc:  # recorded per operation; transient locks retried
-                if attempt == 2 or not _is_transient(exc):
+                return self._transaction([_unless_recorded(op, recorded) if lost else op])[0], None
+            except StoreUnavailable as exc:
+                lost = lost or isinstance(exc, _CommitLost)
+                if not lost:
                     return None, exc
-                time.sleep(0.05 * (attempt + 1))
-        raise AssertionError("unreachable")
+                if recorded is None or time.monotonic() >= deadline:
+                    return None, _unavailable(exc.__cause__ or exc, UNKNOWN)
+            except Exception as exc:  # recorded per operation; transient conflicts retried
+                if not _is_transient(exc):
+                    return None, exc
+                if attempt >= 2:
+                    return None, _unavailable(exc, UNKNOWN if lost else UNAVAILABLE)
+            attempt += 1
+            time.sleep(min(1.0, 0.05 * 2**attempt))
 
     def close(self) -> None:
         self.stop_writer()
@@ -203,11 +438,6 @@ class Database:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
-
-
-def _is_transient(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return "database is locked" in text or "deadlock" in text or "could not serialize" in text
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

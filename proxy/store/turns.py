@@ -4,7 +4,8 @@
 counters (completions, oldest/newest weight version), creating an automatic
 session in the same statement batch when the call starts one. A named session
 takes completions only while open: if another replica closed it meanwhile, the
-counters update matches nothing and the caller rolls the turn back. Rewards are
+counters update matches nothing and the caller rolls the turn back. `turn_recorded`
+tells whether a turn whose COMMIT was cut off landed after all. Rewards are
 raw per turn; returns are what `rewards/returns.py` computed over the tree.
 """
 
@@ -49,6 +50,11 @@ def record_turn(
     still_open = or_(sessions.c.status == "open", sessions.c.auto.is_(True))
     done = conn.execute(sessions.update().where(sessions.c.id == session_id, still_open).values(**values))
     return done.rowcount > 0
+
+
+def turn_recorded(conn: Connection, completion_id: str) -> bool:
+    """Whether a call's rows are stored (they are written together), by its first completion's id."""
+    return conn.execute(select(completions.c.id).where(completions.c.id == completion_id)).first() is not None
 
 
 def last_completion_id(conn: Connection, session_id: str) -> str | None:

@@ -15,7 +15,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from adapters.config import RolloutConfig
-from adapters.runner import EpisodeRunner, RunnerStats
+from adapters.groups import RunnerStats
+from adapters.runner import EpisodeRunner
 from proxy.config import ConfigError, load_config
 from tests.conftest import run_server
 

@@ -74,8 +74,11 @@ def test_one_fault_fails_its_request_and_the_engine_restarts(server):
     assert "injected engine fault" in _openai_error(failed)["message"]
     assert failed.headers["retry-after"]
 
-    health = httpx.get(url + "/health", timeout=30)
-    assert health.status_code == 200, health.text
+    deadline = time.monotonic() + 30
+    while (health := httpx.get(url + "/health", timeout=30)).status_code != 200:  # 503 "restarting" meanwhile
+        assert "restarting" in _openai_error(health)["message"], health.text
+        assert time.monotonic() < deadline, "the engine did not come back"
+        time.sleep(0.1)
     assert health.json()["engine"]["restarts"] == 1
     assert httpx.post(url + "/v1/chat/completions", json=BODY, timeout=120).status_code == 200
     with sqlite3.connect(db) as conn:

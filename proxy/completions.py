@@ -194,9 +194,14 @@ class CompletionService:
         return ChoiceResult(index=index, reply=reply, generation=result)
 
     async def run(self, turn: Turn) -> list[ChoiceResult]:
-        """Generate every choice (batched together by the engine) and record them."""
+        """Generate every choice (batched together by the engine) and record them.
+
+        Cancelled (the client hung up) while generating, nothing is recorded; once every choice
+        is generated, the turn is recorded even if the caller is cancelled meanwhile (the shield):
+        a turn is stored if and only if its generation finished.
+        """
         results = await asyncio.gather(*(self._choice(turn, i, None) for i in range(turn.request.n)))
-        await self.record(turn, list(results))
+        await asyncio.shield(self.record(turn, list(results)))
         return list(results)
 
     async def stream(self, turn: Turn) -> AsyncIterator[ChoiceDelta | list[ChoiceResult]]:
@@ -215,7 +220,7 @@ class CompletionService:
         finally:
             for task in tasks:
                 task.cancel()
-        await self.record(turn, list(results))
+        await asyncio.shield(self.record(turn, list(results)))  # as in `run`
         yield list(results)
 
     # -- record ---------------------------------------------------------------------

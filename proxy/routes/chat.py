@@ -12,13 +12,13 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy.chat_request import chat_request
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.errors import APIError
-from proxy.routes.common import JsonRoute, json_response, sse
+from proxy.routes.common import JsonRoute, json_response, sse, unless_disconnected
 from proxy.routes.deps import CallerDep, Completions, State
 from proxy.schemas.chat import ChatCompletionRequest
 
@@ -61,7 +61,7 @@ def _headers(turn: Turn) -> dict[str, str]:
 @router.post("/v1/chat/completions")
 @router.post("/sessions/{session_id}/v1/chat/completions")
 async def chat_completions(
-    body: ChatCompletionRequest, caller: CallerDep, completions: Completions, state: State
+    request: Request, body: ChatCompletionRequest, caller: CallerDep, completions: Completions, state: State
 ) -> Response:
     started = time.perf_counter()
     chat = chat_request(body, state.cfg.proxy.max_n)
@@ -69,7 +69,7 @@ async def chat_completions(
     model = chat.model or state.served_name
     if chat.stream:
         return await _stream(state, turn, model, started)
-    results = await completions.run(turn)
+    results = await unless_disconnected(request, completions.run(turn))
     state.observe_call("chat", started, results)
     tok = state.renderer.tokenizer
     eos = completions.eos_ids

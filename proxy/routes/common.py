@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from proxy.errors import APIError
+
+T = TypeVar("T")
 
 
 def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -75,3 +79,24 @@ class JsonRoute(APIRoute):
             return await handler(JsonRequest(request.scope, request.receive))
 
         return route
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """`work`, cancelled if the client hangs up before it is done (then `ClientDisconnect`, which the
+    app logs as a 499): a non-streamed answer nobody waits for is not generated to its end."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        task.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if watcher.done() and not watcher.cancelled():
+            raise ClientDisconnect from None
+        raise
+    finally:
+        watcher.cancel()

@@ -17,14 +17,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy.chat_request import ChatRequest, function_tool, tool_choice
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.conversation import normalize_messages
 from proxy.errors import APIError, invalid_request
-from proxy.routes.common import JsonRoute, anthropic_type, json_response
+from proxy.routes.common import JsonRoute, anthropic_type, json_response, unless_disconnected
 from proxy.routes.deps import CallerDep, Completions, State
 from proxy.schemas.messages import Block, MessagesRequest
 
@@ -143,6 +143,7 @@ def messages_request(body: MessagesRequest) -> ChatRequest:
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
         stop=list(body.stop_sequences or ()),
+        ignore_eos=bool(body.ignore_eos),
         tools=tools,
         tool_choice=choice,
     )
@@ -201,7 +202,9 @@ def message_object(state: Any, turn: Turn, model: str, result: ChoiceResult | No
 # -- route --------------------------------------------------------------------------
 @router.post("/v1/messages")
 @router.post("/sessions/{session_id}/v1/messages")
-async def create_message(body: MessagesRequest, caller: CallerDep, completions: Completions, state: State) -> Response:
+async def create_message(
+    request: Request, body: MessagesRequest, caller: CallerDep, completions: Completions, state: State
+) -> Response:
     """Errors leave in Anthropic's shape (the app's handlers know this route)."""
     started = time.perf_counter()
     chat = messages_request(body)
@@ -216,7 +219,7 @@ async def create_message(body: MessagesRequest, caller: CallerDep, completions: 
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
         )
-    results = await completions.run(turn)
+    results = await unless_disconnected(request, completions.run(turn))
     state.observe_call("messages", started, results)
     return json_response(message_object(state, turn, model, results[0]), headers=headers)
 

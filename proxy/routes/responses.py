@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from proxy.chat_request import ChatRequest, function_tool, tool_choice
@@ -25,7 +25,7 @@ from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.conversation import content_text, normalize_messages
 from proxy.errors import APIError, invalid_request, not_found
 from proxy.routes.chat import token_logprobs, usage
-from proxy.routes.common import JsonRoute, json_response
+from proxy.routes.common import JsonRoute, json_response, unless_disconnected
 from proxy.routes.deps import CallerDep, Completions, State
 from proxy.schemas.responses import InputItem, NamedFunctionChoice, ResponsesRequest
 from proxy.sessions import Caller
@@ -158,6 +158,7 @@ def responses_request(body: ResponsesRequest, history: list[dict[str, Any]] | No
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
+        ignore_eos=bool(body.ignore_eos),
         logprobs=_LOGPROBS_INCLUDE in (body.include or ()),
         top_logprobs=body.top_logprobs or 0,
         tools=tools,
@@ -270,7 +271,7 @@ def _logprobs(state: Any, turn: Turn, result: ChoiceResult) -> list[dict]:
 @router.post("/v1/responses")
 @router.post("/sessions/{session_id}/v1/responses")
 async def create_response(
-    body: ResponsesRequest, caller: CallerDep, completions: Completions, state: State
+    request: Request, body: ResponsesRequest, caller: CallerDep, completions: Completions, state: State
 ) -> Response:
     started = time.perf_counter()
     history = None
@@ -288,7 +289,7 @@ async def create_response(
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},
         )
-    results = await completions.run(turn)
+    results = await unless_disconnected(request, completions.run(turn))
     state.observe_call("responses", started, results)
     output = output_items(turn, results[0], _logprobs(state, turn, results[0]))
     return json_response(response_object(turn, body, model, output, results), headers=headers)

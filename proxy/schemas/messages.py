@@ -85,6 +85,8 @@ class MessagesRequest(Wire):
     top_p: TopP | None = None
     top_k: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
     stop_sequences: Annotated[list[StopString], Field(max_length=16)] | None = None
+    ignore_eos: bool | None = None
+    """vLLM's extension: generate past the end-of-sequence token, up to max_tokens."""
     tools: Annotated[list[CustomTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     metadata: JsonObject | None = None

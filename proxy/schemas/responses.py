@@ -82,6 +82,8 @@ class ResponsesRequest(Wire):
     top_p: TopP | None = None
     top_logprobs: TopLogprobs | None = None
     seed: Seed | None = None
+    ignore_eos: bool | None = None
+    """vLLM's extension: generate past the end-of-sequence token, up to max_output_tokens."""
     include: Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=64)] | None = None
     tools: Annotated[list[ResponsesTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedFunctionChoice | None = None

@@ -263,7 +263,8 @@ class Front:
         return None
 
     async def _push_weights(self, body: bytes, headers: list[tuple[bytes, bytes]], send: Any) -> None:
-        """Every live replica loads the weights; the answer is the last replica's."""
+        """Every live replica loads the weights; the answer is the last replica's. Once one replica
+        has taken them, one that failed or refused is brought up to them later (`_catch_up`)."""
         assert self.client is not None and self._weights_lock is not None
         async with self._weights_lock:
             answer: httpx.Response | None = None
@@ -274,8 +275,11 @@ class Front:
                     self.router.mark_failed(replica, f"weight push failed ({type(exc).__name__})")
                     continue
                 if response.status_code != 200:
-                    await _send_response(send, response)  # refused as sent (auth, bad path, old version)
-                    return
+                    if answer is None and response.status_code < 500:
+                        await _send_response(send, response)  # refused as sent (auth, bad path, old version)
+                        return
+                    replica.last_error = f"weight push refused: {response.status_code} {response.text[:200]}"
+                    continue
                 self.router.observe(replica, int(response.json()["version"]))
                 answer = response
             if answer is None:

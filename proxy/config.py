@@ -76,6 +76,9 @@ class ProxyConfig(Section):
     """Open sessions idle longer than this are closed as failed (their completions are kept)."""
     auto_sessions: bool = True
     """Record calls that name no session in an automatic session per conversation root."""
+    fault_injection: bool = False
+    """Serve `POST /debug/engine-fault` (admin only), which makes the embedded engine's next step fail
+    as a real fault would: for chaos tests of a deployment and the soak benchmark. Off in production."""
     admission: bool = False
     """Refuse new sessions (429) when too far ahead of the trainer; `areal-proxy train` turns it on."""
     log_level: str = "info"

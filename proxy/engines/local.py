@@ -108,6 +108,7 @@ class LocalEngine:
         self._closed = False  # the worker has ended: nothing more is queued
         self._error: BaseException | None = None
         self._restarting: str | None = None  # the fault being recovered from
+        self._fault_next = False  # inject_fault(): the next step raises
         self._faults: deque[float] = deque()  # when recent step faults happened
         self._vocab = 0
         self._prefix = PrefixCache(cfg.prefix_cache_tokens)
@@ -333,7 +334,14 @@ class LocalEngine:
             except Exception as exc:
                 self._recover(exc)
 
+    def inject_fault(self) -> None:
+        """Make the next step fail as a real fault would (`proxy.fault_injection`: chaos tests)."""
+        self._fault_next = True
+
     def _step(self) -> None:
+        if self._fault_next:
+            self._fault_next = False
+            raise RuntimeError("injected engine fault (POST /debug/engine-fault)")
         if self._fast is not None:
             self._fused_step()
         else:

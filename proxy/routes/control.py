@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import PlainTextResponse, Response
 
 from proxy.engines.base import EngineUnavailable
-from proxy.errors import APIError, conflict, engine_unavailable, forbidden, invalid_request, unauthorized
+from proxy.errors import APIError, conflict, engine_unavailable, forbidden, invalid_request, not_found, unauthorized
 from proxy.routes.common import JsonRoute, json_response
 from proxy.routes.deps import Admin, CallerDep, Rewards, Sessions, State
 from proxy.schemas.control import CreateSession, Fail, Finish, SessionList, SetReward, Weights
@@ -158,6 +158,16 @@ async def weights(body: Weights, _: Admin, state: State) -> Response:
             raise invalid_request(f"could not load weights: {exc}", "path") from None
         state.metrics.inc("areal_weight_updates_total")
     return json_response({"status": "ok", "version": state.engine.version})
+
+
+@router.post("/debug/engine-fault", include_in_schema=False)
+async def engine_fault(_: Admin, state: State) -> Response:
+    """With `proxy.fault_injection` on: the embedded engine's next step fails as a real fault would."""
+    inject = getattr(state.engine, "inject_fault", None)
+    if not state.cfg.proxy.fault_injection or inject is None:
+        raise not_found("fault injection is off (proxy.fault_injection) or the engine has none")
+    inject()
+    return json_response({"status": "ok", "fault": "the engine's next step fails"})
 
 
 @router.get("/metrics")

@@ -111,3 +111,21 @@ def test_a_fault_that_keeps_coming_stops_the_engine_with_503s_not_500s(server):
 
     with sqlite3.connect(db) as conn:
         assert conn.execute("select count(*) from completions").fetchone()[0] == 1, "only the answered call"
+
+
+def test_a_fault_injected_over_http_is_recovered_from(tmp_path):
+    """`proxy.fault_injection` (chaos tests, the soak benchmark): the next step fails, the request in
+    it gets a 503, the engine restarts and serves the next one. Off, the route does not exist."""
+    from tests.conftest import run_server
+
+    with run_server(tmp_path, f"sqlite:///{tmp_path}/a.db", "--set", "proxy.fault_injection=true") as server:
+        assert server.post("/debug/engine-fault").status_code == 200
+        failed = httpx.post(server.base_url + "/chat/completions", json=BODY, timeout=120)
+        assert failed.status_code == 503 and "injected engine fault" in _openai_error(failed)["message"]
+        deadline = time.monotonic() + 30
+        while server.get("/health").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert httpx.post(server.base_url + "/chat/completions", json=BODY, timeout=120).status_code == 200
+    with run_server(tmp_path, f"sqlite:///{tmp_path}/b.db") as server:
+        assert server.post("/debug/engine-fault").status_code == 404

@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -213,3 +215,51 @@ def reference_model():
     path = resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return model
+
+
+async def agent_turns(
+    client: Any, index: int, turns: int, max_tokens: int, answered: list[str] | None = None
+) -> list[str]:
+    """`turns` turns of agent `index` on an `openai.AsyncOpenAI` client, each reply sent back with a
+    request to go on (the history resent whole, as agents do); the completion ids, also appended to
+    `answered` as each answer arrives."""
+    messages = [{"role": "user", "content": f"Agent {index}: tell me a short story."}]
+    ids = []
+    for turn in range(turns):
+        r = await client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=1.0)
+        ids.append(r.id)
+        if answered is not None:
+            answered.append(r.id)
+        messages += [
+            {"role": "assistant", "content": r.choices[0].message.content},
+            {"role": "user", "content": f"Agent {index}, turn {turn + 1}: go on."},
+        ]
+    return ids
+
+
+def store_counts(db_url: str) -> tuple[int, int]:
+    """(sessions, completions) in the store at `db_url`."""
+    from sqlalchemy import create_engine, func, select
+
+    from proxy.store.schema import completions, sessions
+
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        n_sessions = conn.execute(select(func.count()).select_from(sessions)).scalar()
+        n_completions = conn.execute(select(func.count()).select_from(completions)).scalar()
+    engine.dispose()
+    return n_sessions, n_completions
+
+
+def send_part_of_a_body(url: str, path: str = "/v1/chat/completions") -> None:
+    """A client that hangs up mid-upload: 1,000 bytes announced, a few sent, the socket closed."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as s:
+        s.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+            + b"Content-Length: 1000\r\n\r\n"
+            + b'{"model": "m", "messages": ['
+        )
+        time.sleep(0.5)

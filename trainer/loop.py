@@ -13,7 +13,6 @@ under a fresh, higher version so versions stay monotonic.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
@@ -26,10 +25,10 @@ import torch
 from proxy.config import Config
 from proxy.runtime.devices import DTYPES, model_load_options, select_device, warn_if_emulated_bf16
 from proxy.runtime.model_files import resolve_model
-from proxy.store.claims import claim_batch, end_step, mark_skipped, release_after
+from proxy.store.claims import claim_batch, end_step, mark_skipped, release_after, settle_through
 from proxy.store.db import Database
 from proxy.store.samples import SessionSamples, load_samples
-from trainer import checkpoint
+from trainer import audit, checkpoint
 from trainer.batch import build_samples, pack
 from trainer.metrics import MetricsSink, StallWatch
 from trainer.schedule import lr_factor, progress
@@ -58,7 +57,6 @@ class _Batch:
     scale: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, list[str]] = field(default_factory=dict)  # by the metric that counts them
     counts: dict[str, int] = field(default_factory=dict)  # the selectors' counts, logged with the step
-    unsettled: list[tuple[list[str], str]] = field(default_factory=list)  # skips marked when the step ends
     dropped: int = 0
 
     def add(self, claim: Selection) -> None:
@@ -101,6 +99,7 @@ class Trainer:
         self.tokenizer: Any = None
         self.lr = self.tcfg.optim.lr  # the last step's learning rate
         self._clock = time.time()  # when the loop started, less the time of the runs it resumes
+        self._dirty = False  # an optimizer step ran for a step not yet counted in self.state
 
     # -- setup ----------------------------------------------------------------------
     def setup(self) -> None:
@@ -136,6 +135,7 @@ class Trainer:
         if resume is not None:
             self.state = checkpoint.load_state(resume, self.optimizer)
             released = self.db.transaction(lambda c: release_after(c, self.state.step))
+            self.db.transaction(lambda c: settle_through(c, self.state.step))
             version = max(self.state.version, self.sync.engine_version()) + 1
             self.sync.push(self.model, version)
             self.state.version = version
@@ -188,7 +188,12 @@ class Trainer:
             if batch.sessions:
                 # Claimed for a step that never ran: hand them back for the next run.
                 self.db.transaction(lambda c: release_after(c, self.state.step))
-            if self.state.step > 0 and self.optimizer is not None:
+            if self._dirty:
+                # A step failed part-way: some of its minibatches are in the weights, not in
+                # self.state. Saving them would train those sessions twice once handed back; the
+                # next run resumes from the last checkpoint and hands back what came after it.
+                log.warning("step %d failed part-way; its partial update is not checkpointed", self.state.step + 1)
+            elif self.state.step > 0 and self.optimizer is not None:
                 self.state.elapsed_s = self._elapsed()
                 checkpoint.save(
                     self.run_dir, self.model, self.optimizer, self.state, self.tcfg.checkpoint.keep, self.tokenizer
@@ -217,17 +222,15 @@ class Trainer:
         batch.sessions += sessions
         claim = select(sessions, self.selectors)
         for skip in claim.skips:
-            self._skip(batch, skip.session_ids, skip.reason)
+            self._skip(skip.session_ids, skip.reason)
         batch.add(claim)
 
-    def _skip(self, batch: _Batch, session_ids: list[str], reason: str) -> None:
+    def _skip(self, session_ids: list[str], reason: str) -> None:
         """Skipped sessions stay claimed by the step until it ends (so admission control does not
         start episodes that would sample the weights the step replaces), unless the claim policy
         lets them go at once (DAPO's fill: the step itself waits for the episodes that replace them)."""
-        if self.claiming.settles_skips_at_once:
-            self.db.transaction(lambda c: mark_skipped(c, session_ids, reason))
-        else:
-            batch.unsettled.append((session_ids, reason))
+        settle = self.claiming.settles_skips_at_once
+        self.db.transaction(lambda c: mark_skipped(c, session_ids, reason, settle=settle))
 
     def _train(self, batch: _Batch, waited: float) -> None:
         t0 = time.time()
@@ -235,18 +238,20 @@ class Trainer:
         samples = build_samples(train_on, self.tcfg.batch.style, batch.baseline, batch.scale)
         step = self.state.step + 1
         trained_version = self.state.version  # the policy these sessions are measured against
+        self._dirty = True  # the weights move ahead of self.state until the step is counted
         result = self._optimize(samples, step) if samples else None
         t_train = time.time() - t0
         skipped = [sid for ids in batch.skipped.values() for sid in ids]
         self._audit({"step": step, "trained": [s.session_id for s in train_on], "skipped": skipped})
         self.state.step = step
+        self._dirty = False
         self.state.samples += len(samples)
         self.state.sessions_trained += len(train_on)
         push_s = 0.0
         if result is not None and step % self.tcfg.weight_sync_every == 0:
             push_s = self.sync.push(self.model, self.state.version + 1)
             self.state.version += 1
-        self.db.transaction(lambda c: end_step(c, step, batch.unsettled))
+        self.db.transaction(lambda c: end_step(c, step))
         if step % self.tcfg.checkpoint.every == 0:
             self.state.elapsed_s = self._elapsed()
             checkpoint.save(
@@ -294,8 +299,7 @@ class Trainer:
 
     def _audit(self, entry: dict[str, Any]) -> None:
         """Append-only record of which sessions each step trained on (and of resumes)."""
-        with open(self.run_dir / "trained_sessions.jsonl", "a") as f:
-            f.write(json.dumps(entry) + "\n")
+        audit.record(self.run_dir, entry)
 
     def _set_lr(self, step: int) -> None:
         spent = progress(step - 1, self._elapsed(), self.tcfg.max_steps, self.tcfg.max_minutes)

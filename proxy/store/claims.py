@@ -8,15 +8,16 @@ step's weights are pushed, `end_step` marks them consumed. Admission control cou
 episode starts until the engine holds the weights trained on the last batch. On
 PostgreSQL the rows are locked with `FOR UPDATE SKIP LOCKED`, so two trainers
 (or a restarted one racing its predecessor) never take the same session; SQLite
-serializes writers. `consumed_step` records the step that trained a session
-(-1: dropped as stale, -2: skipped, zero reward variance), so a trainer that
-resumes from an earlier checkpoint hands back exactly the sessions it lost.
+serializes writers. `claimed_step` records the step that took a session and
+`consumed_step` what it did with it (the step that trained it; -1: dropped as
+stale; -2: skipped, with the reason in `failure`), so a trainer that resumes
+from an earlier checkpoint hands back exactly what its lost steps claimed, skipped
+sessions included, and settles what its checkpointed steps left `training`.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, Row, func, select, update
@@ -105,6 +106,7 @@ def claim_batch(
             .values(
                 status="consumed",
                 consumed_step=DROPPED_STALE,
+                claimed_step=step,
                 failure=f"dropped: sampled before version {floor} (max_staleness {max_staleness})",
             )
         )
@@ -112,39 +114,49 @@ def claim_batch(
         conn.execute(
             update(sessions)
             .where(sessions.c.id.in_(claim.session_ids), sessions.c.status == "finished")
-            .values(status="training", consumed_step=step)
+            .values(status="training", consumed_step=step, claimed_step=step)
         )
     return claim
 
 
-def end_step(conn: Connection, step: int, skipped: Sequence[tuple[list[str], str]] = ()) -> None:
-    """The sessions step `step` trained are in the engine's weights now: consumed; so are those it
-    skipped ((ids, reason) pairs), held until now so that admission control counted them as ahead
-    of the trainer while the step ran."""
-    for ids, reason in skipped:
-        mark_skipped(conn, ids, reason)
+def end_step(conn: Connection, step: int) -> None:
+    """What step `step` claimed is in the engine's weights now (trained, or skipped): consumed.
+    Until then admission control counted it as ahead of the trainer."""
     conn.execute(
         update(sessions)
-        .where(sessions.c.status == "training", sessions.c.consumed_step == step)
+        .where(sessions.c.status == "training", sessions.c.claimed_step == step)
         .values(status="consumed")
     )
 
 
-def mark_skipped(conn: Connection, session_ids: list[str], reason: str) -> None:
+def mark_skipped(conn: Connection, session_ids: list[str], reason: str, *, settle: bool = True) -> None:
+    """Claimed sessions a step does not train, with the reason; `settle`: consumed at once, else they
+    stay `training` until `end_step`."""
     if session_ids:
-        conn.execute(
-            update(sessions)
-            .where(sessions.c.id.in_(session_ids))
-            .values(status="consumed", consumed_step=SKIPPED_ZERO_VARIANCE, failure=f"skipped: {reason}")
-        )
+        values: dict = {"consumed_step": SKIPPED_ZERO_VARIANCE, "failure": f"skipped: {reason}"}
+        if settle:
+            values["status"] = "consumed"
+        conn.execute(update(sessions).where(sessions.c.id.in_(session_ids)).values(**values))
 
 
 def release_after(conn: Connection, step: int) -> int:
-    """Hand back sessions claimed or trained after checkpoint `step` (their updates were lost)."""
+    """Hand back everything steps after checkpoint `step` claimed (trained, skipped or dropped): the
+    updates of those steps were lost."""
     result = conn.execute(
         update(sessions)
-        .where(sessions.c.status.in_(("training", "consumed")), sessions.c.consumed_step > step)
-        .values(status="finished", consumed_step=None)
+        .where(sessions.c.status.in_(("training", "consumed")), sessions.c.claimed_step > step)
+        .values(status="finished", consumed_step=None, claimed_step=None, failure=None)
+    )
+    return result.rowcount or 0
+
+
+def settle_through(conn: Connection, step: int) -> int:
+    """Sessions still `training` from steps up to checkpoint `step` (a trainer that died between its
+    checkpoint and `end_step`): their step's update is in the checkpoint, so they are consumed."""
+    result = conn.execute(
+        update(sessions)
+        .where(sessions.c.status == "training", sessions.c.claimed_step <= step)
+        .values(status="consumed")
     )
     return result.rowcount or 0
 

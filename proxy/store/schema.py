@@ -46,6 +46,7 @@ class SessionRow(Base):
     updated_at: Mapped[float] = mapped_column(Float, index=True)
     finished_at: Mapped[float | None] = mapped_column(Float)
     consumed_step: Mapped[int | None] = mapped_column(Integer, index=True)  # trainer step that used it
+    claimed_step: Mapped[int | None] = mapped_column(Integer, index=True)  # trainer step that claimed it
     seed: Mapped[int | None] = mapped_column(BigInteger)  # sampling seed of calls that set none (derived per prompt)
 
     # Status + age is how admission control and the timeout sweeper scan sessions.

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import Server, run_server
+from tests.conftest import Server, agent_turns, run_server
 from tests.proxy import test_chat_api, test_concurrency, test_token_exactness
 
 # The acceptance tests, in their own order (some read what earlier ones left, e.g. /metrics);
@@ -101,16 +101,7 @@ async def _episode(proxy: Server, index: int, turns: int, answered: list[str]) -
     session = await asyncio.to_thread(proxy.new_session, task_id=f"kill-{index}")
     # the SDK retries 503 (what an engine dying mid-generation gives): a real agent's behaviour
     client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=4, timeout=300)
-    messages = [{"role": "user", "content": f"Agent {index}: tell me a short story."}]
-    ids = []
-    for turn in range(turns):
-        r = await client.chat.completions.create(model="m", messages=messages, max_tokens=12, temperature=1.0)
-        ids.append(r.id)
-        answered.append(r.id)
-        messages += [
-            {"role": "assistant", "content": r.choices[0].message.content},
-            {"role": "user", "content": f"Agent {index}, turn {turn + 1}: go on."},
-        ]
+    ids = await agent_turns(client, index, turns, 12, answered)
     await client.close()
     return session["session_id"], ids
 

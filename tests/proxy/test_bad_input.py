@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, func, select
 
-from proxy.store.schema import completions, sessions
+from tests.conftest import send_part_of_a_body, store_counts
 
 USER = [{"role": "user", "content": "hi"}]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -127,19 +126,10 @@ CASES = [
 ]
 
 
-def counts(db_url: str) -> tuple[int, int]:
-    engine = create_engine(db_url)
-    with engine.connect() as conn:
-        n_sessions = conn.execute(select(func.count()).select_from(sessions)).scalar()
-        n_completions = conn.execute(select(func.count()).select_from(completions)).scalar()
-    engine.dispose()
-    return n_sessions, n_completions
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_request_is_a_clean_4xx(proxy, case):
     _, path, body, status, param = case
-    before = counts(proxy.db_url)
+    before = store_counts(proxy.db_url)
     if isinstance(body, bytes):
         r = httpx.post(proxy.url + path, content=body, headers={"content-type": "application/json"}, timeout=120)
     else:
@@ -150,7 +140,7 @@ def test_bad_request_is_a_clean_4xx(proxy, case):
     assert isinstance(error["message"], str) and error["message"]
     if param is not None:
         assert error["param"] == param
-    assert counts(proxy.db_url) == before, "a refused request must leave the store unchanged"
+    assert store_counts(proxy.db_url) == before, "a refused request must leave the store unchanged"
 
 
 def test_finished_session_refuses_calls_and_conflicting_finish(proxy):
@@ -161,34 +151,26 @@ def test_finished_session_refuses_calls_and_conflicting_finish(proxy):
     assert first.status_code == 200 and first.json()["status"] == "finished"
     again = proxy.post(f"/sessions/{session['session_id']}/finish", json={"reward": 1.0})
     assert again.status_code == 200 and again.json() == first.json(), "finishing is idempotent"
-    before = counts(proxy.db_url)
+    before = store_counts(proxy.db_url)
     other = proxy.post(f"/sessions/{session['session_id']}/finish", json={"reward": 0.0})
     assert other.status_code == 409 and other.json()["error"]["code"] == "conflict"
     late = httpx.post(url, json=chat(), timeout=120)
     assert late.status_code == 409
-    assert counts(proxy.db_url) == before
+    assert store_counts(proxy.db_url) == before
 
 
 def test_client_hanging_up_mid_body_is_not_a_server_error(sqlite_proxy):
     """A caller that disconnects before its body arrives (a cancelled agent, a stopped run) is
     logged as such, not as an unhandled error with a traceback, and stores nothing."""
-    import socket
     import time
-    from urllib.parse import urlsplit
 
-    before = counts(sqlite_proxy.db_url)
+    before = store_counts(sqlite_proxy.db_url)
     start = len(sqlite_proxy.log.read_text())
-    host = urlsplit(sqlite_proxy.url)
-    with socket.create_connection((host.hostname, host.port), timeout=10) as s:
-        s.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n" + b'{"model": "m", "messages": ['
-        )
-        time.sleep(0.5)
+    send_part_of_a_body(sqlite_proxy.url)
     deadline = time.time() + 30
     while "disconnected before sending" not in (log := sqlite_proxy.log.read_text()[start:]):
         assert time.time() < deadline, log
         time.sleep(0.2)
     assert "unhandled error" not in log and "Traceback" not in log, log
-    assert counts(sqlite_proxy.db_url) == before
+    assert store_counts(sqlite_proxy.db_url) == before
     assert sqlite_proxy.get("/health").status_code == 200

@@ -6,19 +6,13 @@ import asyncio
 
 import openai
 
+from tests.conftest import agent_turns
+
 
 async def one_episode(proxy, index: int) -> tuple[str, list[str]]:
     session = await asyncio.to_thread(proxy.new_session, task_id=f"conc-{index}")
     client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0, timeout=600)
-    messages = [{"role": "user", "content": f"Agent {index}: say a number."}]
-    ids = []
-    for turn in range(4):
-        r = await client.chat.completions.create(model="m", messages=messages, max_tokens=6, temperature=1.0)
-        ids.append(r.id)
-        messages += [
-            {"role": "assistant", "content": r.choices[0].message.content},
-            {"role": "user", "content": f"Agent {index}, turn {turn + 1}: another."},
-        ]
+    ids = await agent_turns(client, index, 4, 6)
     await client.close()
     return session["session_id"], ids
 

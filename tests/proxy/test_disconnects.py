@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.conftest import Server, run_server
+from tests.conftest import Server, run_server, send_part_of_a_body
 from tests.scaleout.conftest import run_front
 
 MAX_TOKENS = 3000
@@ -98,13 +98,7 @@ def test_a_client_that_hangs_up_cancels_its_generation_and_nothing_is_recorded(s
 def test_the_front_never_forwards_a_body_cut_short(servers):
     front = servers["front"]
     sent = sum(r["requests"] for r in front.get("/health").json()["replicas"])
-    parts = urlsplit(front.url)
-    with socket.create_connection((parts.hostname, parts.port), timeout=10) as s:
-        s.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 1000\r\n\r\n" + b'{"model": "m", "messages": ['
-        )
-        time.sleep(0.5)
+    send_part_of_a_body(front.url)
     deadline = time.time() + 10
     while "client disconnected before sending the whole body" not in front.log.read_text():
         assert time.time() < deadline, front.log.read_text()[-2000:]

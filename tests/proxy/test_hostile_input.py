@@ -15,10 +15,8 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from sqlalchemy import create_engine, func, select
 
-from proxy.store.schema import completions, sessions
-from tests.conftest import Server, fresh_pg_database, run_server
+from tests.conftest import Server, fresh_pg_database, run_server, store_counts
 from tests.engines.conftest import EngineProcess, run_engine
 
 ADMIN = "admin-key-for-hostile-tests"
@@ -119,15 +117,6 @@ CASES = [
 ]  # fmt: skip
 
 
-def counts(db_url: str) -> tuple[int, int]:
-    engine = create_engine(db_url)
-    with engine.connect() as conn:
-        n_sessions = conn.execute(select(func.count()).select_from(sessions)).scalar()
-        n_completions = conn.execute(select(func.count()).select_from(completions)).scalar()
-    engine.dispose()
-    return n_sessions, n_completions
-
-
 def send(server: Server, case: Case, session_key: str) -> httpx.Response:
     headers = dict(case.headers or {})
     key = session_key if case.key == "SESSION" else case.key
@@ -153,7 +142,7 @@ def locked(request, tmp_path_factory) -> Iterator[Server]:
 
 def test_every_hostile_request_gets_its_4xx_and_changes_nothing(locked):
     session_key = locked.new_session()["api_key"]
-    before = counts(locked.db_url)
+    before = store_counts(locked.db_url)
     failures = []
     for case in CASES:
         r = send(locked, case, session_key)
@@ -174,7 +163,7 @@ def test_every_hostile_request_gets_its_4xx_and_changes_nothing(locked):
         if problem:
             failures.append(f"{case.name}: {problem}: {r.text[:300]}")
     assert not failures, "\n".join(failures)
-    assert counts(locked.db_url) == before, "a refused request wrote to the store"
+    assert store_counts(locked.db_url) == before, "a refused request wrote to the store"
     log = locked.log.read_text()
     assert "unhandled error" not in log and "Traceback" not in log, log[-3000:]
     # and the engine serves as before, text with a NUL character included (valid JSON, valid Unicode)

@@ -28,6 +28,7 @@ from sqlalchemy import create_engine, select
 
 from proxy.store.schema import completions, sessions
 from tests.conftest import REPO, fresh_pg_database
+from trainer.audit import effective_history
 
 GROUP_SIZE = 4
 
@@ -77,17 +78,6 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
-def trained_history(run_dir: Path) -> list[str]:
-    kept: list[tuple[int, list[str]]] = []
-    for line in (run_dir / "trained_sessions.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        if "resume_from" in entry:
-            kept = [(s, ids) for s, ids in kept if s <= entry["resume_from"]]
-        elif "step" in entry:
-            kept.append((entry["step"], entry["trained"]))
-    return [sid for _, ids in kept for sid in ids]
-
-
 def check_run(run_dir: Path, db_url: str, max_steps: int) -> int:
     """The invariants of a finished run; returns the final policy version."""
     rows = metrics(run_dir)
@@ -103,7 +93,7 @@ def check_run(run_dir: Path, db_url: str, max_steps: int) -> int:
     engine.dispose()
 
     # exactly once: the trainer's audit log and the store agree, no session twice
-    history = trained_history(run_dir)
+    history = effective_history(run_dir)
     assert len(history) == len(set(history)), "a session was trained twice"
     trained = {r.id for r in srows if r.status == "consumed" and (r.consumed_step or 0) >= 1}
     assert trained == set(history), "the store and the trainer agree on what was trained"

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import Server, fresh_pg_database
+from tests.conftest import Server, agent_turns, fresh_pg_database
 from tests.scaleout.conftest import run_front, run_replicas
 
 pytestmark = pytest.mark.postgres
@@ -32,16 +32,7 @@ async def _episode(front: Server, index: int, turns: int, answered: list[str], r
     client = openai.AsyncOpenAI(
         base_url=session["base_url"], api_key=session["api_key"], max_retries=5, http_client=http
     )
-    messages = [{"role": "user", "content": f"Agent {index}: tell me a short story."}]
-    ids = []
-    for turn in range(turns):
-        r = await client.chat.completions.create(model="m", messages=messages, max_tokens=10, temperature=1.0)
-        ids.append(r.id)
-        answered.append(r.id)
-        messages += [
-            {"role": "assistant", "content": r.choices[0].message.content},
-            {"role": "user", "content": f"Agent {index}, turn {turn + 1}: go on."},
-        ]
+    ids = await agent_turns(client, index, turns, 10, answered)
     finish = await asyncio.to_thread(front.post, f"/sessions/{session['session_id']}/finish", json={"reward": 1.0})
     await client.close()
     return session["session_id"], ids, finish.json().get("status")

@@ -41,10 +41,12 @@ def legacy_store(url: str, version: int) -> None:
     """A store as the pre-Alembic step list left it at `version`, with one session and one completion."""
     engine = create_engine(url)
     with engine.begin() as conn:
-        # Step 1 of the releases before `seed`: the schema of then (no status index, no seed).
+        # Step 1 of the releases before `seed`: the schema of then (no status index, no seed, no claimed_step).
         Base.metadata.create_all(conn)
         conn.execute(text("DROP INDEX ix_sessions_status_updated"))
+        conn.execute(text("DROP INDEX ix_sessions_claimed_step"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN seed"))
+        conn.execute(text("ALTER TABLE sessions DROP COLUMN claimed_step"))
         if version >= 2:
             conn.execute(text("CREATE INDEX IF NOT EXISTS ix_sessions_status_updated ON sessions (status, updated_at)"))
         if version >= 3:
@@ -55,6 +57,11 @@ def legacy_store(url: str, version: int) -> None:
         conn.execute(
             sessions.insert().values(
                 id="sess_old", status="finished", auto=False, reward=1.0, created_at=1.0, updated_at=2.0
+            )
+        )
+        conn.execute(  # trained by step 3 of a trainer of then
+            sessions.insert().values(
+                id="sess_trained", status="consumed", consumed_step=3, auto=False, created_at=1.0, updated_at=2.0
             )
         )
         conn.execute(
@@ -81,7 +88,7 @@ def legacy_store(url: str, version: int) -> None:
 def test_a_fresh_store_reaches_head_with_the_schema_of_schema_py(url):
     db = open_store(url)
     try:
-        assert db.read(current_revision) == head_revision() == "0003"
+        assert db.read(current_revision) == head_revision() == "0004"
         assert schema_drift(db) == []
         assert not db.read(lambda c: inspect(c).has_table("schema_version"))
     finally:
@@ -97,7 +104,7 @@ def test_opening_again_is_a_no_op(url):
         db.close()
     db = open_store(url)
     try:
-        assert db.read(current_revision) == "0003"
+        assert db.read(current_revision) == head_revision()
         assert db.read(lambda c: c.execute(text("SELECT count(*) FROM alembic_version")).scalar()) == 1
         assert db.read(lambda c: c.execute(text("SELECT id FROM sessions")).scalars().all()) == ["s1"]
     finally:
@@ -109,11 +116,13 @@ def test_a_pre_alembic_store_upgrades_in_place_and_keeps_its_rows(url, version):
     legacy_store(url, version)
     db = open_store(url)
     try:
-        assert db.read(current_revision) == "0003"
+        assert db.read(current_revision) == head_revision()
         assert schema_drift(db) == []
         assert not db.read(lambda c: inspect(c).has_table("schema_version"))
-        session = db.read(lambda c: c.execute(sessions.select()).one())
+        session = db.read(lambda c: c.execute(sessions.select().where(sessions.c.id == "sess_old")).one())
         assert (session.id, session.status, session.reward, session.seed) == ("sess_old", "finished", 1.0, None)
+        trained = db.read(lambda c: c.execute(sessions.select().where(sessions.c.id == "sess_trained")).one())
+        assert trained.claimed_step == 3, "a step's sessions of then were claimed by that step"
         turn = db.read(lambda c: c.execute(completions.select()).one())
         assert (turn.id, turn.response["content"], turn.output_ids) == ("chatcmpl-old", "hello", b"\x02\x00\x00\x00")
     finally:
@@ -159,7 +168,7 @@ def test_replicas_opening_a_fresh_postgresql_store_at_once_migrate_it_once():
         assert not errors, errors
         db = open_store(url)
         try:
-            assert db.read(current_revision) == "0003"
+            assert db.read(current_revision) == head_revision()
             assert schema_drift(db) == []
         finally:
             db.close()

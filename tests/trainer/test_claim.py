@@ -9,7 +9,15 @@ import time
 
 import pytest
 
-from proxy.store.claims import DROPPED_STALE, claim_batch, end_step, release_after, trained_count
+from proxy.store.claims import (
+    DROPPED_STALE,
+    claim_batch,
+    end_step,
+    mark_skipped,
+    release_after,
+    settle_through,
+    trained_count,
+)
 from proxy.store.config import StoreConfig
 from proxy.store.db import Database
 from proxy.store.schema import sessions
@@ -171,3 +179,31 @@ def test_a_group_cut_by_the_scan_window_waits_until_it_fits(db):
     steps = {r.consumed_step for r in rows}
     assert len(steps) == 1 and None not in steps, f"g0 trained whole, in one step: {steps}"
     assert {r.id for r in rows} == set(first) | set(last)
+
+
+def test_a_lost_step_hands_back_what_it_skipped_too(db):
+    """Skipped and down-sampled sessions belong to the step that claimed them: when that step is
+    lost (the run resumes from an earlier checkpoint), they come back with the trained ones, so
+    the group is judged again whole."""
+    trained = add_sessions(db, "g", ["finished"] * 4)
+    assert len(claim(db, step=3, batch=4).session_ids) == 4
+    db.transaction(lambda c: mark_skipped(c, trained[2:], "down-sampled", settle=False))
+    assert db.read(trained_count)["training"] == 4, "held until the step ends"
+    db.transaction(lambda c: end_step(c, 3))
+    assert db.read(trained_count)["skipped"] == 2 and db.read(trained_count)["trained"] == 2
+    assert db.transaction(lambda c: release_after(c, 2)) == 4
+    assert set(claim(db, step=3, batch=4).session_ids) == set(trained)
+    rows = db.read(lambda c: c.execute(sessions.select().where(sessions.c.group_id == "g")).all())
+    assert {r.failure for r in rows} == {None}, "the skip reasons of the lost step are cleared"
+
+
+def test_a_checkpointed_step_that_never_ended_is_settled(db):
+    """A trainer that died after its checkpoint of step 2 but before `end_step(2)`: step 2's update
+    is in the checkpoint, so its sessions are consumed, not held as `training` forever."""
+    ids = add_sessions(db, "g", ["finished"] * 2)
+    assert len(claim(db, step=2, batch=2).session_ids) == 2
+    assert db.transaction(lambda c: release_after(c, 2)) == 0
+    assert db.transaction(lambda c: settle_through(c, 2)) == 2
+    counts = db.read(trained_count)
+    assert counts["training"] == 0 and counts["trained"] == 2
+    assert claim(db, step=3, batch=2).session_ids == [], f"{ids} stay trained"

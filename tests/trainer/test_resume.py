@@ -17,6 +17,7 @@ from sqlalchemy import create_engine, select
 
 from proxy.store.schema import sessions
 from tests.conftest import REPO
+from trainer.audit import effective_history
 from trainer.metrics import progress_rows, read_metrics
 from trainer.weights import default_weights_dir
 
@@ -66,18 +67,6 @@ def steps_done(run_dir: Path) -> int:
     if not path.exists():
         return 0
     return max((json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line), default=0)
-
-
-def effective_history(run_dir: Path) -> list[str]:
-    """Sessions the final model was trained on: steps undone by a resume are dropped."""
-    kept: list[tuple[int, list[str]]] = []
-    for line in (run_dir / "trained_sessions.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        if "resume_from" in entry:
-            kept = [(s, ids) for s, ids in kept if s <= entry["resume_from"]]
-        else:
-            kept.append((entry["step"], entry["trained"]))
-    return [sid for _, ids in kept for sid in ids]
 
 
 def test_smoke_run_exits_zero(tmp_path):

@@ -2,16 +2,19 @@
 
 Starts `areal-proxy serve` (the real default model, `proxy.fault_injection` on, an admin key) on a
 fresh PostgreSQL database reached through `tests/store/relay.py`'s `Relay`. For `--minutes`,
-`--clients` agents run episodes of 1-3 turns in sessions (`POST /sessions`, then
-`/finish {"reward"}`), each with one real client: the `openai` SDK (Chat Completions, the Responses
-API) or the `anthropic` SDK (Messages), streamed or not; beside them a hostile client sends the
-cases of `tests/proxy/test_hostile_input.py` and another hangs up mid-request, mid-generation and
-mid-stream on raw sockets. Every `--fault-gap` seconds one fault, in turn: the store cut
-(`relay.down`), the store partitioned (`relay.partition`), an engine fault
-(`POST /debug/engine-fault`), a burst of hang-ups. Afterwards the database is read directly: every
-completion a client saw succeed must be stored. A 503 (or a stream's error event) whose request
-overlaps a store outage or an engine restart, plus `--grace` seconds, is expected; any other 5xx is
-a server error. Exit 1 if a completion was lost, a hostile request got a 5xx, or any call a 500.
+`--clients` agents run episodes of 1-3 turns in sessions (`POST /sessions`, then `/finish`
+with a reward), each episode with one real client: the `openai` SDK (Chat Completions, the
+Responses API) or the `anthropic` SDK (Messages), streamed or not, up to 16 new tokens a call.
+Beside them a hostile client sends the cases of `tests/proxy/test_hostile_input.py`, and raw
+sockets hang up mid-request, mid-generation and mid-stream. Every `--fault-gap` seconds one fault,
+in turn: the store cut (`relay.down`) or partitioned (`relay.partition`) for 5-10 s, an engine
+fault (`POST /debug/engine-fault`), a burst of hang-ups.
+
+Afterwards the database is read directly: every completion a client saw succeed must be stored.
+A 503 (or a stream's error event) from a call that overlaps a store outage or an engine restart,
+or the `--grace` seconds after it, is expected; any other 5xx is a server error. The server's RSS
+is sampled every 5 s. Exit 1 if an acknowledged completion was lost, a hostile request got a 5xx,
+any call got a 500, or the server was not healthy at the end.
 
     python benchmarks/soak.py --minutes 10
 """
@@ -102,6 +105,7 @@ class Soak:
         self.faults: list[Fault] = []
         self.hangup_path = self.hangup_key = ""  # the session the hang-up clients call in
         self.stuck_workers = 0  # workers still busy long after the time was up: a hang
+        self.rss_idle = 0.0  # the server's RSS once idle after the traffic
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
         self.http = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
 
@@ -255,7 +259,7 @@ async def agent(soak: Soak, worker: int, rng: random.Random) -> None:
         for number in itertools.count(1):
             if not soak.running():
                 return
-            task = f"soak-{worker}-{number}"
+            task = f"agent-{worker}-{number}"
             created = await soak.control("session", "POST", "/sessions", {"task_id": task, "group_id": task})
             if created is None:
                 await asyncio.sleep(1)
@@ -357,13 +361,13 @@ async def hangups(soak: Soak, rng: random.Random) -> None:
 
 
 # -- faults and memory ----------------------------------------------------------------------
-async def faults(soak: Soak, gap: float, rng: random.Random) -> None:
-    """One fault every `gap` seconds, rotating through FAULTS; none that would outlast the traffic."""
+async def faults(soak: Soak, kinds: list[str], gap: float, rng: random.Random) -> None:
+    """One fault every `gap` seconds, rotating through `kinds`; none that would outlast the traffic."""
     for i in itertools.count():
         if soak.stop_at - time.monotonic() < gap + 15:
             return
         await asyncio.sleep(gap)
-        kind, start = FAULTS[i % len(FAULTS)], soak.now()
+        kind, start = kinds[i % len(kinds)], soak.now()
         soak.log(f"fault {kind} begins")
         note = await inject(soak, kind, rng)
         soak.faults.append(Fault(kind, round(start, 3), round(soak.now(), 3), note))
@@ -418,16 +422,20 @@ async def sample_rss(soak: Soak, pid: int, series: list[tuple[float, float]], ev
 
 # -- the run --------------------------------------------------------------------------------
 async def traffic(args: argparse.Namespace, url: str, admin: str, relay: Relay, pid: int) -> tuple[Soak, list]:
+    """Every client and the faults for `--minutes`; then the calls in flight, and the RSS once idle."""
     soak = Soak(url, admin, relay, args.minutes * 60, args.request_timeout)
     rng = random.Random(args.seed)
     rss: list[tuple[float, float]] = []
-    hostile_session = await soak.control("session", "POST", "/sessions", {"task_id": "soak-hostile"})
-    hangup_session = await soak.control("session", "POST", "/sessions", {"task_id": "soak-hangups"})
+    hostile_session = await soak.control("session", "POST", "/sessions", {"task_id": "hostile"})
+    hangup_session = await soak.control("session", "POST", "/sessions", {"task_id": "hangups"})
     assert hostile_session and hangup_session, "could not create the soak's sessions"
     soak.hangup_path = f"/sessions/{hangup_session['session_id']}/v1"
     soak.hangup_key = hangup_session["api_key"]
     gap = args.fault_gap if args.fault_gap is not None else min(30.0, args.minutes * 60 / 8)
-    background = [asyncio.create_task(sample_rss(soak, pid, rss)), asyncio.create_task(faults(soak, gap, rng))]
+    background = [
+        asyncio.create_task(sample_rss(soak, pid, rss)),
+        asyncio.create_task(faults(soak, args.faults, gap, rng)),
+    ]
     workers = [asyncio.create_task(agent(soak, i, random.Random(rng.random()))) for i in range(args.clients)]
     workers.append(asyncio.create_task(hostile(soak, hostile_session["api_key"], random.Random(rng.random()))))
     workers.append(asyncio.create_task(hangups(soak, random.Random(rng.random()))))
@@ -443,8 +451,10 @@ async def traffic(args: argparse.Namespace, url: str, admin: str, relay: Relay, 
     for task in workers:
         if task.done() and not task.cancelled() and task.exception():
             raise task.exception()
-    rss.append((round(soak.now(), 1), rss_mib(pid)))
     background[0].cancel()
+    rss.append((round(soak.now(), 1), rss_mib(pid)))
+    await asyncio.sleep(args.idle_s)  # the engine hands freed memory back once idle (engine.idle_release_s)
+    soak.rss_idle = rss_mib(pid)
     soak.stuck_workers = len(stuck)
     await soak.http.aclose()
     return soak, rss
@@ -454,7 +464,12 @@ def store_check(db_url: str, acked: dict[str, str]) -> dict[str, Any]:
     """Read the database directly (not through the relay): which acknowledged ids are missing."""
     engine = create_engine(db_url)
     with engine.connect() as conn:
-        stored = Counter(r for (r,) in conn.execute(select(completions.c.response_id)))
+        rows = conn.execute(
+            select(completions.c.response_id, completions.c.api, sessions.c.task_id).join(
+                sessions, sessions.c.id == completions.c.session_id
+            )
+        ).all()
+        stored = Counter(r.response_id for r in rows)
         by_status = dict(conn.execute(select(sessions.c.status, func.count()).group_by(sessions.c.status)).all())
     engine.dispose()
     missing = sorted(i for i in acked if i not in stored)
@@ -464,6 +479,9 @@ def store_check(db_url: str, acked: dict[str, str]) -> dict[str, Any]:
         "lost_ids": [f"{i} ({acked[i]})" for i in missing[:50]],
         "stored": sum(stored.values()),
         "stored_not_acknowledged": sum(1 for i in stored if i not in acked),
+        "stored_not_acknowledged_by": dict(  # which clients and APIs those came from
+            Counter(f"{(r.task_id or 'auto').split('-')[0]} {r.api}" for r in rows if r.response_id not in acked)
+        ),
         "stored_more_than_once": sum(1 for n in stored.values() if n > 1),
         "sessions_by_status": by_status,
     }
@@ -530,11 +548,13 @@ def summarize(args: argparse.Namespace, soak: Soak, rss: list, store: dict, heal
             "hostile requests answered other than the table's status": sum(mismatched.values()),
             "client timeouts (hangs); workers stuck at the end": f"{failed(soak, 'timeout')}; {soak.stuck_workers}",
             "calls whose connection failed": failed(soak, "transport"),
-            "stored completions; stored but never acknowledged": (
-                f"{store['stored']}; {store['stored_not_acknowledged']}"
+            "stored completions; stored but never acknowledged (by whom)": (
+                f"{store['stored']}; {store['stored_not_acknowledged']} {store['stored_not_acknowledged_by'] or ''}"
             ),
             "sessions by status": ", ".join(f"{k} {v}" for k, v in sorted(store["sessions_by_status"].items())),
-            "server RSS MiB: start / peak / end": f"{rss[0][1]:,.0f} / {peak:,.0f} / {rss[-1][1]:,.0f}",
+            "server RSS MiB: start / peak / end / idle after": (
+                f"{rss[0][1]:,.0f} / {peak:,.0f} / {rss[-1][1]:,.0f} / {soak.rss_idle:,.0f}"
+            ),
             "server RSS MiB each minute": " ".join(f"{m:,.0f}" for _, m in rss[::12]),
             "server healthy at the end": healthy,
             **{f"server log: {k}": n for k, n in server_log["errors_logged"].items()},
@@ -563,6 +583,13 @@ def render(s: dict, args: argparse.Namespace) -> str:
     lines += [f"| **{k}** | **{v}** |" for k, v in s["must_be_zero"].items()]
     lines += [f"| {k} | {v} |" for k, v in s["figures"].items()]
     return "\n".join(lines)
+
+
+def fault_list(text: str) -> list[str]:
+    kinds = text.split(",")
+    if unknown := set(kinds) - set(FAULTS):
+        raise argparse.ArgumentTypeError(f"unknown fault {', '.join(sorted(unknown))}; choose from {', '.join(FAULTS)}")
+    return kinds
 
 
 def main(args: argparse.Namespace) -> int:
@@ -605,6 +632,13 @@ if __name__ == "__main__":
     parser.add_argument(
         "--grace", type=float, default=10.0, help="seconds after a fault ends during which a 503 is still expected"
     )
+    parser.add_argument(
+        "--faults",
+        type=fault_list,
+        default=list(FAULTS),
+        help=f"the faults to rotate through, comma-separated (default: {','.join(FAULTS)})",
+    )
+    parser.add_argument("--idle-s", type=float, default=15.0, help="idle seconds after the traffic before the last RSS")
     parser.add_argument("--request-timeout", type=float, default=120.0, help="client timeout of one call (a hang)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the traffic and fault schedule")
     parser.add_argument("--set", action="append", default=[], help="extra `serve --set` override (repeatable)")

@@ -209,7 +209,13 @@ class CompletionService:
         queue: asyncio.Queue = asyncio.Queue()
         tasks = [asyncio.create_task(self._choice(turn, i, queue)) for i in range(turn.request.n)]
         waiter = asyncio.gather(*tasks)
-        waiter.add_done_callback(lambda _: queue.put_nowait(None))
+
+        def finished(done: asyncio.Future) -> None:
+            if not done.cancelled():
+                done.exception()  # seen here, so a hang-up's cancellation is not logged as never retrieved
+            queue.put_nowait(None)
+
+        waiter.add_done_callback(finished)
         try:
             while True:
                 item = await queue.get()

@@ -104,3 +104,10 @@ def test_the_front_never_forwards_a_body_cut_short(servers):
         assert time.time() < deadline, front.log.read_text()[-2000:]
         time.sleep(0.2)
     assert sum(r["requests"] for r in front.get("/health").json()["replicas"]) == sent, "a truncated body went on"
+
+
+def test_hang_ups_leave_no_error_in_the_server_log(servers):
+    """Run after the hang-ups above: a cancelled generation is routine, not an error to log."""
+    for name in ("proxy", "front"):
+        log = servers[name].log.read_text()
+        assert " ERROR " not in log and "never retrieved" not in log, log[-3000:]

@@ -2,10 +2,11 @@
 
 Starts `areal-proxy serve` (the real model, SQLite), then probes it with `GET /v1/models` (no
 engine, no store: only the event loop) every 5 ms from a second connection while one heavy
-request runs: a chat completion whose prompt is 8 MiB of text (refused with 422 once it is
-tokenized: over the context), and a streamed completion of 4,000 tokens (`ignore_eos`). The
-longest probe latency, less the median probe latency when idle, is the longest stall a client
-of the proxy saw. Run it on a quiet machine; only the figures of one run compare.
+request runs: a chat completion whose prompt is 8 MiB of text less 4 KiB, so that the body fits
+`[proxy] max_request_bytes` (refused with 422 once it is tokenized: over the context), and a
+streamed completion of 4,000 tokens (`ignore_eos`). The longest probe latency, less the median
+probe latency when idle, is the longest stall a client of the proxy saw. Run it on a quiet
+machine; only the figures of one run compare.
 
     python benchmarks/event_loop_stall.py            # both scenarios
     python benchmarks/event_loop_stall.py --tokens 500
@@ -53,7 +54,8 @@ async def during(url: str, heavy) -> tuple[list[float], object]:  # noqa: ANN001
 
 
 async def huge_prompt(url: str, mib: int) -> str:
-    text = ("All work and no play makes Jack a dull boy. " * ((mib << 20) // 44 + 1))[: mib << 20]
+    size = (mib << 20) - 4096  # the whole body just under [proxy] max_request_bytes (8 MiB by default)
+    text = ("All work and no play makes Jack a dull boy. " * (size // 44 + 1))[:size]
     body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
     async with httpx.AsyncClient(timeout=600) as client:
         r = await client.post(url + "/v1/chat/completions", json=body)
@@ -104,9 +106,11 @@ async def main(args: argparse.Namespace) -> None:
         if args.mib:
             busy, outcome = await during(url, lambda: huge_prompt(url, args.mib))
             results.append(summary(f"{args.mib} MiB prompt", idle, busy, outcome))
+            print(json.dumps(results[-1]), flush=True)
         if args.tokens:
             busy, outcome = await during(url, lambda: long_stream(url, args.tokens))
             results.append(summary(f"{args.tokens}-token stream", idle, busy, outcome))
+            print(json.dumps(results[-1]), flush=True)
         print(json.dumps(results, indent=2))
     finally:
         stop_process(proc, 30)

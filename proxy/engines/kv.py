@@ -120,8 +120,11 @@ class BatchKV:
         """Append rows, each per layer (keys, values) of one prefilled sequence (1, H, l, D).
 
         `keep` names the existing rows to carry over (default: all); the rest are dropped
-        in the same rebuild. The slabs get room for `row_capacity` rows, so later rows can be
-        `put` in place.
+        in the same rebuild. The slabs get room for twice the rows they hold, at most
+        `row_capacity`, so later rows can be `put` in place; a batch that outgrows that room is
+        rebuilt (the room doubling each time). Room for the whole `row_capacity` up front would
+        cost one sequence's keys/values times it at every width: 12 GB for a single
+        4,000-token stream of the default model with 64 rows.
         """
         old_mask, old_layers = self.mask, (self._layers() if self.cache is not None else [])
         if old_mask is not None and keep is not None and len(keep) < old_mask.shape[0]:
@@ -136,6 +139,8 @@ class BatchKV:
             old_mask = old_mask[:, start:]
         lengths = [row[0][0].shape[-2] for row in rows]
         width = max([0 if old_mask is None else old_mask.shape[1], *lengths])
+        held = len(rows) + (0 if old_mask is None else old_mask.shape[0])
+        room = min(row_capacity, 2 * held)
         device = rows[0][0][0].device
         masks = [] if old_mask is None else [_pad_left(old_mask, width)]
         masks += [_pad_left(torch.ones(1, n, dtype=torch.long, device=device), width) for n in lengths]
@@ -151,7 +156,7 @@ class BatchKV:
             for row in rows:
                 ks.append(_pad_left(row[i][0], width))
                 vs.append(_pad_left(row[i][1], width))
-            layers.append(SlabLayer(torch.cat(ks), torch.cat(vs), capacity=width + 64, row_capacity=row_capacity))
+            layers.append(SlabLayer(torch.cat(ks), torch.cat(vs), capacity=width + 64, row_capacity=room))
         self.cache = DynamicCache()
         self.cache.layers = layers
         self.mask = torch.cat(masks)

@@ -213,3 +213,18 @@ def test_the_engine_answers_the_same_with_and_without_the_lean_path():
     for a, b in zip(lean, plain):
         assert a.output_ids == b.output_ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-3
+
+
+@torch.inference_mode()
+def test_the_batch_makes_room_for_rows_as_it_grows_not_for_its_whole_capacity():
+    """A lone long sequence must not hold keys/values for every row the batch could have."""
+    model = tiny_llama(attn_implementation=register()).eval()
+    kv = BatchKV()
+    kv.add(_rows(model, [[5, 6, 7, 8]]), row_capacity=64)
+    assert {layer._k.shape[0] for layer in kv.cache.layers} == {2}
+    assert kv.put(_rows(model, [[9, 10]]), [1]), "a second row joins in place"
+    assert not kv.put(_rows(model, [[11, 12]]), [2]), "a third row outgrows the room: rebuild"
+    kv.add(_rows(model, [[11, 12]]), row_capacity=64)
+    assert {layer._k.shape[0] for layer in kv.cache.layers} == {6}
+    kv.add(_rows(model, [[13, 14]] * 40), row_capacity=64)
+    assert {layer._k.shape[0] for layer in kv.cache.layers} == {64}, "never more than row_capacity"

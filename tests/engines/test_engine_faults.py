@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from proxy.engines import local
+from proxy.engines import batch
 from proxy.engines.base import EngineUnavailable, InvalidSampling, SamplingParams, generate
 from proxy.engines.config import EngineConfig
 from proxy.engines.local import LocalEngine
@@ -86,14 +86,14 @@ def test_token_ids_outside_the_vocabulary_are_refused(engine):
 
 
 def test_a_request_whose_sampling_raises_fails_alone(engine, monkeypatch):
-    real = local.sample
+    real = batch.sample
 
     def sample(logits, ps, generators):
         if any(p.top_k == 7 for p in ps):
             raise RuntimeError("this request's sampling breaks")
         return real(logits, ps, generators)
 
-    monkeypatch.setattr(local, "sample", sample)
+    monkeypatch.setattr(batch, "sample", sample)
 
     async def go():
         bad = asyncio.create_task(generate(engine, PROMPT, params(top_k=7, max_new_tokens=8), request_id="bad"))

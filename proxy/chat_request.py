@@ -17,6 +17,7 @@ from typing import Any
 
 from proxy.conversation import normalize_messages
 from proxy.errors import invalid_request
+from proxy.parsers.base import ToolFormat
 from proxy.schemas.chat import ChatCompletionRequest, NamedToolChoice
 
 _IGNORED = ("presence_penalty", "frequency_penalty", "logit_bias", "response_format", "service_tier")
@@ -48,15 +49,15 @@ class ChatRequest:
             return set()
         return {t["function"]["name"] for t in self.tools}
 
-    def forced_prefix(self) -> str:
-        """Text the reply is made to start with, for `tool_choice` required or named."""
+    def forced_prefix(self, fmt: type[ToolFormat]) -> str:
+        """Text the reply is made to start with, for `tool_choice` required or named, in the
+        served family's tool format."""
         if not self.tools or self.tool_choice in ("auto", "none"):
             return ""
         if isinstance(self.tool_choice, dict) or len(self.tools) == 1:
             chosen = self.tool_choice if isinstance(self.tool_choice, dict) else self.tools[0]
-            name = chosen["function"]["name"]
-            return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": {'
-        return '<tool_call>\n{"name": "'
+            return fmt.forced_prefix(chosen["function"]["name"])
+        return fmt.forced_prefix(None)
 
     def text_size(self) -> int:
         """Characters of message text, tool-call arguments and tool schemas: what rendering costs."""

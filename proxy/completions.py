@@ -28,8 +28,10 @@ from proxy.engines.base import (
     GenerationResult,
     InvalidSampling,
     SamplingParams,
+    StreamDelta,
 )
 from proxy.errors import APIError, conflict, context_length, engine_unavailable, invalid_request, store_unavailable
+from proxy.parsers.stream import Delta
 from proxy.render import ParentTokens, Prompt, Renderer
 from proxy.reply import Reply, ReplyBuilder
 from proxy.seeds import derive_seed
@@ -61,13 +63,16 @@ class Turn:
 
 @dataclass
 class ChoiceDelta:
-    """Text (and the tokens behind it) that a choice may stream now."""
+    """Text, reasoning and finished tool calls (and the tokens behind them) a choice may stream now."""
 
     index: int
     text: str
     token_ids: list[int]
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]] | None
+    reasoning: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
+    first_call: int = 0  # the index of tool_calls[0] among the choice's calls
 
 
 @dataclass
@@ -108,7 +113,8 @@ class CompletionService:
                 num_messages=parent.num_messages,
                 ended_with_eos=parent.ended_with_eos,
             )
-        render = partial(self.renderer.prompt, request.messages, request.tools, parent_tokens, request.forced_prefix())
+        forced = request.forced_prefix(self.renderer.parsers.tool_format)
+        render = partial(self.renderer.prompt, request.messages, request.tools, parent_tokens, forced)
         # Rendering and tokenizing a long conversation takes milliseconds per 10 KB: off the event
         # loop, which meanwhile streams every other client's tokens.
         prompt = await asyncio.to_thread(render) if request.text_size() > OFF_LOOP_CHARS else render()
@@ -165,7 +171,14 @@ class CompletionService:
             seed = params.seed + index  # choice i of a seeded request: seed + i, wrapped into a generator's range
             params = SamplingParams(**{**params.__dict__, "seed": seed - 2**64 if seed >= 2**64 else seed})
         request = turn.request
-        builder = ReplyBuilder(self.renderer.tokenizer, request.stop, request.tool_names, request.forced_prefix())
+        builder = ReplyBuilder(
+            self.renderer.tokenizer,
+            request.stop,
+            request.tool_names,
+            turn.prompt.forced_prefix,
+            self.renderer.parsers,
+            turn.prompt.reasoning_open,
+        )
         result = GenerationResult()
         try:
             stream = self.engine.stream(
@@ -177,9 +190,10 @@ class CompletionService:
             )
             async for delta in stream:
                 result.extend(delta)
-                text = builder.feed(delta.token_ids) if delta.token_ids else ""
-                if out is not None and (text or request.logprobs):
-                    await out.put(ChoiceDelta(index, text, delta.token_ids, delta.logprobs, delta.top_logprobs))
+                calls_before = len(builder.out.calls)
+                piece = builder.feed(delta.token_ids) if delta.token_ids else None
+                if out is not None and (piece or request.logprobs):
+                    await out.put(_choice_delta(index, piece, calls_before, delta))
         except EngineUnavailable as exc:
             raise engine_unavailable(f"the inference engine is unavailable: {exc}") from None
         except InvalidSampling as exc:
@@ -188,9 +202,10 @@ class CompletionService:
             raise context_length(str(exc)) from None
         if result.finish_reason == "abort":
             raise engine_unavailable(f"the engine aborted the request: {result.abort_message or 'no reason given'}")
+        calls_before = len(builder.out.calls)
         rest, reply = builder.finish(result.finish_reason)
         if rest and out is not None:
-            await out.put(ChoiceDelta(index, rest, [], [], None))
+            await out.put(_choice_delta(index, rest, calls_before, None))
         return ChoiceResult(index=index, reply=reply, generation=result)
 
     async def run(self, turn: Turn) -> list[ChoiceResult]:
@@ -302,6 +317,20 @@ class CompletionService:
             raise
         for chain_hash, node in nodes:
             self.nodes.put(chain_hash, node)
+
+
+def _choice_delta(index: int, piece: Delta | None, first_call: int, tokens: StreamDelta | None) -> ChoiceDelta:
+    piece = piece or Delta()
+    return ChoiceDelta(
+        index,
+        piece.content,
+        tokens.token_ids if tokens else [],
+        tokens.logprobs if tokens else [],
+        tokens.top_logprobs if tokens else None,
+        piece.reasoning,
+        piece.calls,
+        first_call,
+    )
 
 
 def _insert_turn(conn: Connection, turn: Turn, rows: list[dict], now: float, versions: tuple[int, int] | None) -> None:

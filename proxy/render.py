@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from proxy.errors import invalid_request
+from proxy.parsers import choose
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -61,6 +63,8 @@ class Prompt:
     ids: list[int]  # the full prompt
     new_ids: list[int]  # ids beyond the parent's full sequence (all ids for a root)
     parent_used: bool
+    forced_prefix: str = ""  # text appended to the prompt that the reply is read as starting with
+    reasoning_open: bool = False  # the prompt opens a reasoning block: the reply begins inside it
 
 
 def _arguments_object(arguments: str) -> Any:
@@ -71,12 +75,22 @@ def _arguments_object(arguments: str) -> Any:
 
 
 class Renderer:
-    def __init__(self, tokenizer: Any, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        eos_token_ids: tuple[int, ...],
+        chat_template: str = "",
+        tool_parser: str = "auto",
+        reasoning_parser: str = "auto",
+    ) -> None:
         self.tokenizer = tokenizer
+        if chat_template:
+            tokenizer.chat_template = chat_template
         template = tokenizer.chat_template or ""
         if not template:
-            raise ValueError("the tokenizer has no chat template; pass a chat model")
+            raise ValueError("the tokenizer has no chat template; pass a chat model or set engine.chat_template")
         self.native_tools = "tools" in template
+        self.parsers = choose(template, self.native_tools, tool_parser, reasoning_parser, eos_token_ids)
         self.eos_texts = sorted(
             {tokenizer.convert_ids_to_tokens(i) for i in eos_token_ids if i is not None}, key=len, reverse=True
         )
@@ -102,6 +116,8 @@ class Renderer:
                     ]
                 if m.get("tool_call_id"):
                     t["tool_call_id"] = m["tool_call_id"]
+                if m.get("reasoning_content"):
+                    t["reasoning_content"] = m["reasoning_content"]
                 if m.get("name"):
                     t["name"] = m["name"]
             else:
@@ -141,15 +157,24 @@ class Renderer:
         parent: ParentTokens | None,
         forced_prefix: str = "",
     ) -> Prompt:
-        """The prompt for `messages`, continuing `parent`'s exact tokens when it applies."""
-        full_text = self.render(messages, tools, generation_prompt=True) + forced_prefix
+        """The prompt for `messages`, continuing `parent`'s exact tokens when it applies.
+
+        `forced_prefix` (a required tool call's opening) follows the generation prompt; when that
+        prompt opens a reasoning block, the block is closed first."""
+        text = self.render(messages, tools, generation_prompt=True)
+        think = self.parsers.reasoning
+        reasoning_open = think is not None and text.rstrip().endswith(think.start)
+        if forced_prefix and reasoning_open:
+            forced_prefix = f"{think.end}\n\n{forced_prefix}"
+        full_text = text + forced_prefix
+        shape = {"forced_prefix": forced_prefix, "reasoning_open": reasoning_open}
         if parent is not None:
             glue_and_suffix = self._continuation_text(messages, tools, parent, full_text)
             if glue_and_suffix is not None:
                 new_ids = self.encode(glue_and_suffix)
-                return Prompt(ids=parent.full_ids + new_ids, new_ids=new_ids, parent_used=True)
+                return Prompt(ids=parent.full_ids + new_ids, new_ids=new_ids, parent_used=True, **shape)
         ids = self.encode(full_text)
-        return Prompt(ids=ids, new_ids=ids, parent_used=False)
+        return Prompt(ids=ids, new_ids=ids, parent_used=False, **shape)
 
     def _continuation_text(
         self, messages: list[dict[str, Any]], tools: list[dict] | None, parent: ParentTokens, full_text: str
@@ -173,6 +198,16 @@ class Renderer:
 
     def ends_with_eos(self, output_ids: list[int]) -> bool:
         return bool(output_ids) and output_ids[-1] in self._eos_ids
+
+
+def load_template(value: str) -> str:
+    """`[engine] chat_template`: a path to a Jinja file, or the template itself ('' keeps the model's)."""
+    if not value or "{" in value:
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise ValueError(f"engine.chat_template {value!r} is neither a file nor a Jinja template")
+    return path.read_text()
 
 
 def _tool_call_block(call: dict[str, Any]) -> str:

@@ -65,7 +65,7 @@ class AppState:
 
     async def load_engine(self) -> None:
         from proxy.completions import CompletionService
-        from proxy.render import Renderer
+        from proxy.render import Renderer, load_template
 
         try:
             await self._start_engine()
@@ -74,7 +74,11 @@ class AppState:
                 from transformers import AutoTokenizer
 
                 tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.engine.info.model_path)
-            self.renderer = Renderer(tokenizer, self.engine.info.eos_token_ids)
+            e = self.cfg.engine
+            template = load_template(e.chat_template)
+            eos = self.engine.info.eos_token_ids
+            self.renderer = Renderer(tokenizer, eos, template, e.tool_parser, e.reasoning_parser)
+            log.info("reply parsers: tools %s, reasoning %s", *self.renderer.parsers.names)
             self.completions = CompletionService(
                 self.engine, self.renderer, self.db, self.sessions, self.cfg.proxy.default_max_tokens
             )

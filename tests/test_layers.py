@@ -22,8 +22,9 @@ LAYERS: list[tuple[str, ...]] = [
         "adapters.config", "trainer.config", "trainer.launch.config", "proxy.errors", "proxy.seeds", "proxy.metrics",
     ),
     ("proxy.store", "proxy.runtime"),  # 1: the only SQL; devices, model files, attention
-    (  # 2: pure parts: rendering, replies, engines, wire schemas, reward scoring
-        "proxy.conversation", "proxy.render", "proxy.reply", "proxy.chat_request", "proxy.schemas", "proxy.engines",
+    (  # 2: pure parts: rendering, reply parsers, engines, wire schemas, reward scoring
+        "proxy.conversation", "proxy.parsers", "proxy.render", "proxy.reply", "proxy.chat_request", "proxy.schemas",
+        "proxy.engines",
         "proxy.tree_view", "rewards",
     ),
     ("proxy.sessions", "proxy.completions", "proxy.rewards_service", "proxy.admission"),  # 3: services

@@ -54,6 +54,14 @@ class EngineConfig(Section):
     """A failed engine server is left out of rotation this long before it is tried again."""
     seed: int = 0
     """Seed of the embedded engine's default sampler."""
+    chat_template: str = ""
+    """A Jinja chat template (a file path, or the template itself) used instead of the model's own."""
+    tool_parser: str = "auto"
+    """How replies' tool calls are read: auto (from the chat template), hermes, qwen3, llama3_json,
+    mistral or deepseek_v3 (see docs/model-families.md)."""
+    reasoning_parser: str = "auto"
+    """How replies' reasoning is read: auto (`<think>` tags when the chat template has them), qwen3,
+    deepseek_r1, or none."""
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:

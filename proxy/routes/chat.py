@@ -2,14 +2,14 @@
 
 Thin: the body arrives validated (`proxy/schemas/chat.py`); prepare the turn, then either
 answer once every choice is recorded, or stream `chat.completion.chunk` events as tokens are
-sampled — role chunk, content deltas, tool-call deltas, finish chunk, a usage chunk (always),
-`[DONE]` — where the finish chunks are sent only after the store commit.
+sampled — role chunk, reasoning and content deltas, each tool call as it completes, finish chunk,
+a usage chunk (always), `[DONE]` — where the finish chunks are sent only after the store commit.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -95,6 +95,14 @@ async def chat_completions(
     return json_response(payload, headers=_headers(turn))
 
 
+def _call_chunks(chunk: Any, index: int, j: int, call: dict[str, Any]) -> Iterator[bytes]:
+    """A finished tool call as the SDKs accumulate it: id, type and name first, then the arguments."""
+    fn = call["function"]
+    head = {"index": j, "id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": ""}}
+    yield chunk(index, {"tool_calls": [head]})
+    yield chunk(index, {"tool_calls": [{"index": j, "function": {"arguments": fn["arguments"]}}]})
+
+
 async def _stream(state: Any, turn: Turn, model: str, started: float) -> Response:
     events = state.completions.stream(turn)
     # Wait for the first token before answering, so an engine outage is a real 503.
@@ -129,8 +137,13 @@ async def _chunks(
             if chat.logprobs and item.token_ids:
                 entries = token_logprobs(tok, item.token_ids, item.logprobs, item.top_logprobs, eos)
                 logprobs = {"content": entries, "refusal": None}
+            if item.reasoning:
+                yield chunk(item.index, {"reasoning_content": item.reasoning})
             if item.text or logprobs:
                 yield chunk(item.index, {"content": item.text}, logprobs=logprobs)
+            for j, call in enumerate(item.tool_calls, start=item.first_call):
+                for piece in _call_chunks(chunk, item.index, j, call):
+                    yield piece
             item = await anext(events)
     except APIError as exc:
         yield sse(exc.body())
@@ -138,17 +151,6 @@ async def _chunks(
     results: list[ChoiceResult] = item
     state.observe_call("chat", started, results)
     for r in results:
-        for j, call in enumerate(r.reply.tool_calls):
-            head = {
-                "index": j,
-                "id": call["id"],
-                "type": "function",
-                "function": {"name": call["function"]["name"], "arguments": ""},
-            }
-            yield chunk(r.index, {"tool_calls": [head]})
-            yield chunk(
-                r.index, {"tool_calls": [{"index": j, "function": {"arguments": call["function"]["arguments"]}}]}
-            )
         yield chunk(r.index, {}, finish=r.reply.finish_reason)
     yield sse({**base, "system_fingerprint": fingerprint, "choices": [], "usage": usage(turn, results)})
     yield b"data: [DONE]\n\n"

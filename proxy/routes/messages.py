@@ -152,11 +152,19 @@ def messages_request(body: MessagesRequest) -> ChatRequest:
 # -- response --------------------------------------------------------------------------
 def content_blocks(result: ChoiceResult) -> list[dict[str, Any]]:
     reply = result.reply
-    blocks: list[dict[str, Any]] = [{"type": "text", "text": reply.content}] if reply.content else []
-    for call in reply.tool_calls:
-        fn = call["function"]
-        blocks.append({"type": "tool_use", "id": call["id"], "name": fn["name"], "input": json.loads(fn["arguments"])})
-    return blocks
+    blocks: list[dict[str, Any]] = [_thinking_block(reply.reasoning)] if reply.reasoning else []
+    if reply.content:
+        blocks.append({"type": "text", "text": reply.content})
+    return blocks + [_tool_use(call) for call in reply.tool_calls]
+
+
+def _thinking_block(text: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
+def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call["function"]
+    return {"type": "tool_use", "id": call["id"], "name": fn["name"], "input": json.loads(fn["arguments"])}
 
 
 def stop_reason(state: Any, turn: Turn, result: ChoiceResult) -> tuple[str, str | None]:
@@ -165,14 +173,8 @@ def stop_reason(state: Any, turn: Turn, result: ChoiceResult) -> tuple[str, str 
         return "tool_use", None
     if reason == "length":
         return "max_tokens", None
-    if turn.request.stop:
-        text = turn.request.forced_prefix() + state.renderer.tokenizer.decode(
-            result.generation.output_ids, skip_special_tokens=True
-        )
-        tail = text[len(result.reply.content or "") :]
-        for s in turn.request.stop:
-            if tail.startswith(s):
-                return "stop_sequence", s
+    if result.reply.stop_sequence is not None:
+        return "stop_sequence", result.reply.stop_sequence
     return "end_turn", None
 
 
@@ -228,38 +230,76 @@ def _event(kind: str, **fields: Any) -> bytes:
     return f"event: {kind}\ndata: ".encode() + orjson.dumps({"type": kind, **fields}) + b"\n\n"
 
 
+class _Blocks:
+    """Content blocks streamed one after another: thinking, text, each tool_use once complete."""
+
+    _START = {"thinking": {"type": "thinking", "thinking": "", "signature": ""}, "text": {"type": "text", "text": ""}}
+    _DELTA = {"thinking": "thinking_delta", "text": "text_delta"}
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None
+
+    def delta(self, kind: str, text: str) -> list[bytes]:
+        out = []
+        if self.open != kind:
+            out += self.close()
+            self.index += 1
+            self.open = kind
+            out.append(_event("content_block_start", index=self.index, content_block=self._START[kind]))
+        delta = {"type": self._DELTA[kind], kind: text}
+        out.append(_event("content_block_delta", index=self.index, delta=delta))
+        return out
+
+    def tool_use(self, block: dict[str, Any]) -> list[bytes]:
+        out = self.close()
+        self.index += 1
+        partial = json.dumps(block["input"], ensure_ascii=False)
+        out.append(_event("content_block_start", index=self.index, content_block={**block, "input": {}}))
+        out.append(
+            _event("content_block_delta", index=self.index, delta={"type": "input_json_delta", "partial_json": partial})
+        )
+        out.append(_event("content_block_stop", index=self.index))
+        return out
+
+    def close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        out = []
+        if self.open == "thinking":
+            signature = {"type": "signature_delta", "signature": ""}
+            out.append(_event("content_block_delta", index=self.index, delta=signature))
+        out.append(_event("content_block_stop", index=self.index))
+        self.open = None
+        return out
+
+
 async def _stream(
     state: Any, turn: Turn, model: str, first: Any, events: AsyncIterator, started: float
 ) -> AsyncIterator[bytes]:
     yield _event("message_start", message=message_object(state, turn, model, None))
-    text_open = False
+    blocks = _Blocks()
     item = first
     try:
         while not isinstance(item, list):
             assert isinstance(item, ChoiceDelta)
+            pieces = []
+            if item.reasoning:
+                pieces += blocks.delta("thinking", item.reasoning)
             if item.text:
-                if not text_open:
-                    text_open = True
-                    yield _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-                yield _event("content_block_delta", index=0, delta={"type": "text_delta", "text": item.text})
+                pieces += blocks.delta("text", item.text)
+            for call in item.tool_calls:
+                pieces += blocks.tool_use(_tool_use(call))
+            for piece in pieces:
+                yield piece
             item = await anext(events)
     except APIError as exc:
         yield _event("error", error={"type": anthropic_type(exc.status), "message": exc.message})
         return
     results: list[ChoiceResult] = item
     state.observe_call("messages", started, results)
-    index = 0
-    if text_open:
-        yield _event("content_block_stop", index=0)
-        index = 1
-    for block in content_blocks(results[0]):
-        if block["type"] != "tool_use":
-            continue
-        yield _event("content_block_start", index=index, content_block={**block, "input": {}})
-        partial = json.dumps(block["input"], ensure_ascii=False)
-        yield _event("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": partial})
-        yield _event("content_block_stop", index=index)
-        index += 1
+    for piece in blocks.close():
+        yield piece
     reason, sequence = stop_reason(state, turn, results[0])
     usage = {"output_tokens": len(results[0].generation.output_ids)}
     yield _event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence}, usage=usage)

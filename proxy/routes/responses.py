@@ -13,7 +13,7 @@ Streams emit the usual `response.*` events; `response.completed` only after comm
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -202,10 +202,20 @@ def _message_item(turn: Turn, text: str, logprobs: list[dict], status: str = "co
     return {"id": _message_id(turn), "type": "message", "role": "assistant", "status": status, "content": content}
 
 
+def _reasoning_id(turn: Turn) -> str:
+    return "rs_" + turn.response_id.removeprefix("resp_")
+
+
+def _reasoning_item(turn: Turn, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {"id": _reasoning_id(turn), "type": "reasoning", "status": status, "summary": [], "content": content}
+
+
 def output_items(turn: Turn, result: ChoiceResult, logprobs: list[dict]) -> list[dict[str, Any]]:
-    """A message item (unless the reply is tool calls alone), then one function_call item per call."""
+    """A reasoning item (when the model reasoned), a message item (unless the reply is tool calls
+    alone), then one function_call item per call."""
     reply = result.reply
-    items = []
+    items = [_reasoning_item(turn, reply.reasoning)] if reply.reasoning else []
     if reply.content or not reply.tool_calls:
         items.append(_message_item(turn, reply.content or "", logprobs))
     items += [_call_item(call) for call in reply.tool_calls]
@@ -307,17 +317,73 @@ class _Events:
         return f"event: {kind}\ndata: ".encode() + orjson.dumps(payload) + b"\n\n"
 
 
-def _open_message(event: _Events, turn: Turn) -> list[bytes]:
-    return [
-        event("response.output_item.added", output_index=0, item=_message_item(turn, "", [], "in_progress")),
-        event(
-            "response.content_part.added",
-            item_id=_message_id(turn),
-            output_index=0,
-            content_index=0,
-            part=_text_part("", []),
-        ),
-    ]
+class _Output:
+    """Output items streamed as the reply grows: reasoning first, the message's text as it comes
+    (the message stays open until the end), each function call the moment it is complete."""
+
+    def __init__(self, turn: Turn, event: _Events) -> None:
+        self.turn, self.event = turn, event
+        self.items: list[dict[str, Any]] = []
+        self.reasoning: dict[str, Any] | None = None  # the open reasoning item and its text so far
+        self.message_at: int | None = None
+
+    def reasoning_delta(self, text: str) -> Iterator[bytes]:
+        if self.reasoning is None:
+            self.reasoning = {"index": len(self.items), "text": ""}
+            self.items.append(_reasoning_item(self.turn, "", "in_progress"))
+            yield self.event("response.output_item.added", output_index=self.reasoning["index"], item=self.items[-1])
+        self.reasoning["text"] += text
+        at = {"item_id": _reasoning_id(self.turn), "output_index": self.reasoning["index"], "content_index": 0}
+        yield self.event("response.reasoning_text.delta", **at, delta=text)
+
+    def close_reasoning(self) -> Iterator[bytes]:
+        if self.reasoning is None or self.items[self.reasoning["index"]]["status"] == "completed":
+            return
+        index, text = self.reasoning["index"], self.reasoning["text"]
+        at = {"item_id": _reasoning_id(self.turn), "output_index": index, "content_index": 0}
+        yield self.event("response.reasoning_text.done", **at, text=text)
+        self.items[index] = _reasoning_item(self.turn, text)
+        yield self.event("response.output_item.done", output_index=index, item=self.items[index])
+
+    def text_delta(self, text: str) -> Iterator[bytes]:
+        yield from self.close_reasoning()
+        yield from self.open_message()
+        yield self.event("response.output_text.delta", **self._where(), delta=text, logprobs=[])
+
+    def open_message(self) -> Iterator[bytes]:
+        if self.message_at is not None:
+            return
+        self.message_at = len(self.items)
+        self.items.append(_message_item(self.turn, "", [], "in_progress"))
+        yield self.event("response.output_item.added", output_index=self.message_at, item=self.items[-1])
+        yield self.event("response.content_part.added", **self._where(), part=_text_part("", []))
+
+    def call(self, call: dict[str, Any]) -> Iterator[bytes]:
+        yield from self.close_reasoning()
+        index = len(self.items)
+        done = _call_item(call)
+        at = {"item_id": done["id"], "output_index": index}
+        yield self.event("response.output_item.added", output_index=index, item=_call_item(call, "in_progress", ""))
+        yield self.event("response.function_call_arguments.delta", **at, delta=done["arguments"])
+        yield self.event("response.function_call_arguments.done", **at, arguments=done["arguments"])
+        self.items.append(done)
+        yield self.event("response.output_item.done", output_index=index, item=done)
+
+    def finish(self, result: ChoiceResult, logprobs: list[dict]) -> Iterator[bytes]:
+        yield from self.close_reasoning()
+        reply = result.reply
+        if reply.content or not reply.tool_calls:
+            yield from self.open_message()
+        if self.message_at is not None:
+            item = _message_item(self.turn, reply.content or "", logprobs)
+            part = item["content"][0]
+            yield self.event("response.output_text.done", **self._where(), text=part["text"], logprobs=logprobs)
+            yield self.event("response.content_part.done", **self._where(), part=part)
+            self.items[self.message_at] = item
+            yield self.event("response.output_item.done", output_index=self.message_at, item=item)
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": _message_id(self.turn), "output_index": self.message_at, "content_index": 0}
 
 
 async def _stream(
@@ -326,38 +392,24 @@ async def _stream(
     event = _Events()
     yield event("response.created", response=response_object(turn, body, model, [], None))
     yield event("response.in_progress", response=response_object(turn, body, model, [], None))
-    where = {"item_id": _message_id(turn), "output_index": 0, "content_index": 0}
-    text_started = False
+    output = _Output(turn, event)
     item = first
     try:
         while not isinstance(item, list):
             assert isinstance(item, ChoiceDelta)
+            pieces = list(output.reasoning_delta(item.reasoning)) if item.reasoning else []
             if item.text:
-                if not text_started:
-                    text_started = True
-                    for opening in _open_message(event, turn):
-                        yield opening
-                yield event("response.output_text.delta", **where, delta=item.text, logprobs=[])
+                pieces += output.text_delta(item.text)
+            for call in item.tool_calls:
+                pieces += output.call(call)
+            for piece in pieces:
+                yield piece
             item = await anext(events)
     except APIError as exc:
         yield event("error", code=exc.code, message=exc.message, param=exc.param)
         return
     results: list[ChoiceResult] = item
     state.observe_call("responses", started, results)
-    output = output_items(turn, results[0], _logprobs(state, turn, results[0]))
-    for index, out in enumerate(output):
-        if out["type"] == "message":
-            part = out["content"][0]
-            if not text_started:
-                for opening in _open_message(event, turn):
-                    yield opening
-            yield event("response.output_text.done", **where, text=part["text"], logprobs=part["logprobs"])
-            yield event("response.content_part.done", **where, part=part)
-        else:
-            call = {"id": out["call_id"], "function": {"name": out["name"], "arguments": out["arguments"]}}
-            at = {"item_id": out["id"], "output_index": index}
-            yield event("response.output_item.added", output_index=index, item=_call_item(call, "in_progress", ""))
-            yield event("response.function_call_arguments.delta", **at, delta=out["arguments"])
-            yield event("response.function_call_arguments.done", **at, arguments=out["arguments"])
-        yield event("response.output_item.done", output_index=index, item=out)
-    yield event("response.completed", response=response_object(turn, body, model, output, results))
+    for piece in output.finish(results[0], _logprobs(state, turn, results[0])):
+        yield piece
+    yield event("response.completed", response=response_object(turn, body, model, output.items, results))

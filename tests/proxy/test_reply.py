@@ -1,4 +1,5 @@
-"""Reply assembly: tool-call parsing rules, and streamed content equal to the final message."""
+"""Reply assembly over real token ids: streamed deltas equal the final message, for every family's
+tool format and for reasoning; incremental detokenization stays exact and linear."""
 
 from __future__ import annotations
 
@@ -7,50 +8,14 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from proxy.reply import ReplyBuilder, parse_tool_calls
+from proxy.parsers import Parsers, choose
+from proxy.reply import ReplyBuilder
 from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
+from tests.parsers.test_families import FAMILIES, W, names_args
+from tests.parsers.test_families import NAMES as FAMILY_TOOLS
 
 NAMES = {"get_weather"}
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
-
-
-@pytest.mark.parametrize(
-    "text, content, n_calls",
-    [
-        (f"<tool_call>\n{CALL}\n</tool_call>", None, 1),
-        (f"Let me check.\n<tool_call>\n{CALL}\n</tool_call>", "Let me check.", 1),
-        (f"<tool_call>\n{CALL}\n</tool", None, 1),  # cut off inside the closing tag
-        (f"<tool_call>\n{CALL}\nI will now wait.", None, 1),  # ran on without closing
-        (f"<tool_call>{CALL}</tool_call><tool_call>{CALL}</tool_call>", None, 2),
-        ('<tool_call>{"name": "get_weather", "parameters": {"city": "Rome"}}</tool_call>', None, 1),
-        ('<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}</tool_call>', None, 1),
-    ],
-)
-def test_valid_calls(text, content, n_calls):
-    got_content, calls = parse_tool_calls(text, NAMES)
-    assert got_content == content and len(calls) == n_calls
-    for call in calls:
-        assert call["type"] == "function" and call["id"].startswith("call_")
-        assert isinstance(json.loads(call["function"]["arguments"]), dict)
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        '<tool_call>{"name": "unknown_tool", "arguments": {}}</tool_call>',  # a tool not offered
-        '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>',  # broken JSON
-        '<tool_call>{"arguments": {}}</tool_call>',  # no name
-        '<tool_call>{"name": "get_weather", "arguments": [1, 2]}</tool_call>',  # arguments not an object
-        f"<tool_call>{CALL}</tool_call><tool_call>oops</tool_call>",  # one bad block spoils all
-    ],
-)
-def test_malformed_calls_stay_text(text):
-    assert parse_tool_calls(text, NAMES) == (text, [])
-
-
-def test_without_tools_tags_are_text():
-    text = f"<tool_call>{CALL}</tool_call>"
-    assert parse_tool_calls(text, set()) == (text, [])
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +37,9 @@ def tokenizer():
 def test_streamed_content_equals_final_message(tokenizer, text, stop, tools):
     ids = tokenizer.encode(text, add_special_tokens=False)
     builder = ReplyBuilder(tokenizer, stop, tools)
-    streamed = "".join(builder.feed([t]) for t in ids)
+    streamed = "".join(builder.feed([t]).content for t in ids)
     rest, reply = builder.finish("stop")
-    streamed += rest
+    streamed += rest.content
     assert streamed == (reply.content or "")
     if stop:
         assert stop[0] not in (reply.content or "") and reply.finish_reason == "stop"
@@ -90,9 +55,9 @@ def test_incremental_text_equals_one_decode_of_every_id(tokenizer):
     for _ in range(300):
         ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 40))]
         builder = ReplyBuilder(tokenizer)
-        streamed = "".join(builder.feed([t]) for t in ids)
+        streamed = "".join(builder.feed([t]).content for t in ids)
         rest, reply = builder.finish("length")
-        assert streamed + rest == reply.content == tokenizer.decode(ids, skip_special_tokens=True)
+        assert streamed + rest.content == reply.content == tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def test_a_long_stream_decodes_each_token_once_not_the_whole_text(tokenizer):
@@ -112,6 +77,68 @@ def test_a_long_stream_decodes_each_token_once_not_the_whole_text(tokenizer):
             return real(token_ids, **kw)
 
     builder = ReplyBuilder(Counting(), stop=["never appears"])
-    text = "".join(builder.feed([t]) for t in ids) + builder.finish("length")[0]
+    text = "".join(builder.feed([t]).content for t in ids) + builder.finish("length")[0].content
     assert text == tokenizer.decode(ids, skip_special_tokens=True)
     assert decoded_ids < 10 * len(ids), decoded_ids  # a full decode per token would be ~8,000,000
+
+
+def _stream(builder, ids):
+    """Feed one token at a time; (reasoning, content, calls) streamed, and the final reply."""
+    reasoning = content = ""
+    calls = []
+    for t in ids:
+        d = builder.feed([t])
+        reasoning, content, calls = reasoning + d.reasoning, content + d.content, calls + d.calls
+    d, reply = builder.finish("stop")
+    return (reasoning + d.reasoning, content + d.content, calls + d.calls), reply
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_token_by_token(tokenizer, family):
+    text = "Checking.\n" + FAMILIES[family](("get_weather", W), ("get_time", {"tz": "CET"}))
+    if family.startswith("llama"):
+        text = text.removeprefix("Checking.\n")
+    parsers = Parsers(choose("", False, family.split("/")[0]).tool_format)
+    builder = ReplyBuilder(tokenizer, [], FAMILY_TOOLS, parsers=parsers)
+    (reasoning, content, calls), reply = _stream(builder, tokenizer.encode(text, add_special_tokens=False))
+    assert names_args(calls) == [("get_weather", W), ("get_time", {"tz": "CET"})]
+    assert reply.tool_calls == calls and reply.finish_reason == "tool_calls"
+    assert content == (reply.content or "") == ("" if family.startswith("llama") else "Checking.")
+
+
+def test_reasoning_then_a_call_token_by_token(tokenizer):
+    parsers = choose("<think></think>{% if tools %}<tool_call>{% endif %}", True)
+    text = "<think>\nThe user wants Paris.\n</think>\n\n" + FAMILIES["hermes"](("get_weather", W))
+    builder = ReplyBuilder(tokenizer, [], FAMILY_TOOLS, parsers=parsers)
+    (reasoning, content, calls), reply = _stream(builder, tokenizer.encode(text, add_special_tokens=False))
+    assert reasoning == reply.reasoning == "The user wants Paris.\n"
+    assert content == "" and reply.content is None and names_args(calls) == [("get_weather", W)]
+    assert reply.message()["reasoning_content"] == reasoning
+
+
+def test_a_stop_string_inside_reasoning_ends_the_reply(tokenizer):
+    parsers = choose("<think></think>", False)
+    builder = ReplyBuilder(tokenizer, ["STOP"], None, parsers=parsers, reasoning_open=True)
+    ids = tokenizer.encode("Thinking hard STOP and more</think>answer", add_special_tokens=False)
+    (reasoning, content, _), reply = _stream(builder, ids)
+    assert reasoning == reply.reasoning == "Thinking hard " and content == reply.content == ""
+    assert reply.finish_reason == "stop" and reply.stop_sequence == "STOP"
+
+
+def test_markers_that_are_special_tokens_are_kept(tokenizer):
+    """Mistral's [TOOL_CALLS] is a special token: decoded with special tokens kept, EOS left out."""
+    from transformers import AutoTokenizer
+
+    from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy"))
+    tok.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    marker = tok.convert_tokens_to_ids("[TOOL_CALLS]")
+    ids = [marker, *tok.encode(json.dumps([{"name": "get_weather", "arguments": W}]), add_special_tokens=False)]
+    ids.append(tok.eos_token_id)
+    assert "[TOOL_CALLS]" not in tok.decode(ids, skip_special_tokens=True)
+    parsers = Parsers(choose("", False, "mistral").tool_format, eos_ids=frozenset({tok.eos_token_id}))
+    (_, content, calls), reply = _stream(ReplyBuilder(tok, [], FAMILY_TOOLS, parsers=parsers), ids)
+    assert names_args(calls) == [("get_weather", W)] and content == ""
+    (_, content, calls), _ = _stream(ReplyBuilder(tok, [], None, parsers=parsers), ids)
+    assert calls == [] and "[TOOL_CALLS]" not in content  # no tools offered: decoded as before

@@ -1,0 +1,97 @@
+"""Family chat templates (written here from each family's documented format) over the default
+model's tokenizer: the parsers each one selects, native tool rendering, and token-exact
+continuation of a tool-calling turn through a tool result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from proxy.render import ParentTokens, Renderer
+from proxy.reply import ReplyBuilder
+from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
+
+TEMPLATES = Path(__file__).parent / "templates"
+# template → (tool parser, reasoning parser, the reply the model "samples": text of one call of get_weather)
+FAMILIES = {
+    "qwen3": ("hermes", "qwen3", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    "llama3": ("llama3_json", "none", '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+    "mistral": ("mistral", "none", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+    "deepseek_r1": (
+        "deepseek_v3",
+        "qwen3",  # the same <think> markers
+        "I need the weather tool.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+        '```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    ),
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy"))
+
+
+def renderer(tokenizer, family: str) -> Renderer:
+    tok = AutoTokenizer.from_pretrained(tokenizer.name_or_path)  # a copy: the template is set on it
+    return Renderer(tok, (tok.eos_token_id,), (TEMPLATES / f"{family}.jinja").read_text())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_template_selects_its_family_parsers(tokenizer, family):
+    r = renderer(tokenizer, family)
+    assert r.native_tools
+    tools, reasoning = r.parsers.names
+    assert tools == FAMILIES[family][0] and (reasoning != "none") == (FAMILIES[family][1] != "none")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_tool_turn_continues_token_exactly_through_the_result(tokenizer, family):
+    r = renderer(tokenizer, family)
+    messages = [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": "What's the weather in Paris?"},
+    ]
+    first = r.prompt(messages, [WEATHER], None)
+    assert "get_weather" in r.tokenizer.decode(first.ids)  # the tools went through the template
+    sampled = r.encode(FAMILIES[family][2]) + [r.tokenizer.eos_token_id]
+    # the reply as the proxy reads it
+    builder = ReplyBuilder(r.tokenizer, [], {"get_weather"}, "", r.parsers, first.reasoning_open)
+    for t in sampled:
+        builder.feed([t])
+    _, reply = builder.finish("stop")
+    assert [c["function"]["name"] for c in reply.tool_calls] == ["get_weather"], reply
+    assert json.loads(reply.tool_calls[0]["function"]["arguments"]) == {"city": "Paris"}
+    assert (reply.reasoning is not None) == (family == "deepseek_r1")
+    # the client sends the call back with its result; the next prompt extends the sampled ids
+    call_id = reply.tool_calls[0]["id"]
+    messages += [reply.message(), {"role": "tool", "tool_call_id": call_id, "content": "Sunny, 21 degrees"}]
+    parent = ParentTokens(full_ids=first.ids + sampled, num_messages=3, ended_with_eos=True)
+    second = r.prompt(messages, [WEATHER], parent)
+    assert second.parent_used, "the template re-rendered history: not a continuation"
+    assert second.ids[: len(parent.full_ids)] == parent.full_ids
+    text = r.tokenizer.decode(second.new_ids)
+    full = r.render(messages, [WEATHER], generation_prompt=True)
+    assert full.endswith(text) and "Sunny, 21 degrees" in text
+
+
+def test_qwen3_dropping_past_reasoning_is_detected(tokenizer):
+    """After a new user query the template drops the earlier turn's reasoning: the rendered history
+    is then not the sampled sequence, and the turn does not continue its parent's ids."""
+    r = renderer(tokenizer, "qwen3")
+    messages = [{"role": "user", "content": "2+2?"}]
+    first = r.prompt(messages, None, None)
+    sampled = r.encode("<think>\nEasy.\n</think>\n\n4") + [r.tokenizer.eos_token_id]
+    reply = {"role": "assistant", "content": "4", "reasoning_content": "Easy."}
+    parent = ParentTokens(full_ids=first.ids + sampled, num_messages=2, ended_with_eos=True)
+    assert not r.prompt([*messages, reply, {"role": "user", "content": "3+3?"}], None, parent).parent_used

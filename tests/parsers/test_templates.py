@@ -23,7 +23,8 @@ FAMILIES = {
     "deepseek_r1": (
         "deepseek_v3",
         "qwen3",  # the same <think> markers
-        "I need the weather tool.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+        "I need the weather tool.\n</think>\n\n<｜tool▁calls▁begin｜>"
+        "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
         '```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
     ),
 }

@@ -50,6 +50,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # stop tokens in addition to the model's EOS
     ignore_eos: bool = False
     top_logprobs: int = 0  # how many alternatives per token to return (0..20)
+    json_schema: str | None = None  # the reply must be JSON matching this schema (serialized); see grammar.py
 
     @property
     def greedy(self) -> bool:
@@ -97,6 +98,8 @@ def check_sampling(params: SamplingParams) -> None:
         raise InvalidSampling("stop_token_ids must be token ids (non-negative integers)", "stop_token_ids")
     if not integer(p.top_logprobs) or not 0 <= p.top_logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidSampling(f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
+    if p.json_schema is not None and not isinstance(p.json_schema, str):
+        raise InvalidSampling("json_schema must be a JSON schema serialized as a string", "response_format")
 
 
 @dataclass

@@ -6,8 +6,9 @@ cache), prefills them and decodes one token for every running row; with the lean
 (`proxy/engines/lean.py`, CPU Llama-family models, `engine.fast_path = "auto"`) both happen in one
 pass over the weights and admitted rows are written into finished rows' KV slots in place,
 otherwise prefills run as padded batches through transformers' forward before the decode. Each
-row is sampled, checked for stop conditions and streamed back to its request's event loop. A
-request whose sampling or stop check raises fails alone; anything else a step raises is a fault
+row is sampled (among the tokens its grammar allows, for a request with a JSON schema: see
+`proxy/engines/grammar.py`), checked for stop conditions and streamed back to its request's event
+loop. A request whose sampling or stop check raises fails alone; anything else a step raises is a fault
 of the step, for the engine to recover from.
 """
 
@@ -23,7 +24,8 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache
 
-from proxy.engines.base import EngineRequestError, ModelInfo, SamplingParams, StreamDelta
+from proxy.engines.base import EngineRequestError, InvalidSampling, ModelInfo, SamplingParams, StreamDelta
+from proxy.engines.grammar import Grammars, Matcher
 from proxy.engines.kv import BatchKV
 from proxy.engines.lean import FastForward, Segment
 from proxy.engines.prefix_cache import BLOCK, Block, PrefixCache, past_of
@@ -44,6 +46,7 @@ class Request:
     cancelled: bool = False
     done: bool = False  # its last delta (or error) was sent
     last_token: int = 0
+    matcher: Matcher | None = None  # where its reply is in its JSON schema's grammar (made at its first token)
 
 
 class ContinuousBatch:
@@ -75,10 +78,12 @@ class ContinuousBatch:
         self._device = torch.device("cpu")
         self._fast: FastForward | None = None
         self._version = 0
+        self._grammars: Grammars | None = None  # built at the first request with a JSON schema
 
     def bind(self, model: Any, tokenizer: Any, info: ModelInfo, device: torch.device, fast: FastForward | None) -> None:
         """The loaded model to step (the engine thread loads it before its first step)."""
         self._model, self._tokenizer, self._info, self._device, self._fast = model, tokenizer, info, device, fast
+        self._grammars = None
 
     def step(self, version: int) -> None:
         """Admit, prefill and decode once; every token sampled is tagged with weights `version`."""
@@ -304,7 +309,8 @@ class ContinuousBatch:
     def _emit(self, reqs: list[Request], logits: torch.Tensor) -> list[Request]:
         """Sample one token per request, stream it, and return the requests that finished (or failed)."""
         try:
-            rows = _rows(sample(logits, [r.params for r in reqs], [r.generator for r in reqs]), len(reqs))
+            allowed = self._allowed(reqs, logits.shape[-1])
+            rows = _rows(sample(logits, [r.params for r in reqs], [r.generator for r in reqs], allowed), len(reqs))
         except Exception:  # some request's sampling raised: find it, fail it alone, keep the others
             rows = [self._sample_one(r, logits[i : i + 1]) for i, r in enumerate(reqs)]
         version = self._version
@@ -317,9 +323,13 @@ class ContinuousBatch:
             req.generated.append(token)
             req.last_token = token
             try:
+                if req.matcher is not None:
+                    req.matcher.advance(token)
                 reason, matched = self._finish(req, token)
             except Exception as exc:
-                self.fail(req, EngineRequestError(f"checking the stop conditions failed: {exc}"))
+                if not isinstance(exc, EngineRequestError):
+                    exc = EngineRequestError(f"checking the stop conditions failed: {exc}")
+                self.fail(req, exc)
                 finished.append(req)
                 continue
             delta = StreamDelta(
@@ -337,9 +347,23 @@ class ContinuousBatch:
         self._stats["tokens"] += len(reqs)
         return finished
 
+    def _allowed(self, reqs: list[Request], vocab: int) -> list[torch.Tensor | None] | None:
+        """Each request's (V,) mask of the tokens its grammar allows next (None: no grammar)."""
+        if not any(r.params.json_schema for r in reqs):
+            return None
+        if self._grammars is None:
+            self._grammars = Grammars(self._tokenizer, vocab, self._info.eos_token_ids)
+        for r in reqs:
+            if r.params.json_schema and r.matcher is None:
+                r.matcher = self._grammars.matcher(r.params.json_schema)
+        return [r.matcher.allowed() if r.matcher is not None else None for r in reqs]
+
     def _sample_one(self, req: Request, logits: torch.Tensor) -> tuple[int, float, Any] | None:
         try:
-            return _rows(sample(logits, [req.params], [req.generator]), 1)[0]
+            return _rows(sample(logits, [req.params], [req.generator], self._allowed([req], logits.shape[-1])), 1)[0]
+        except InvalidSampling as exc:
+            self.fail(req, exc)
+            return None
         except Exception as exc:
             log.warning("sampling failed for request %s: %s", req.request_id, exc)
             self.fail(req, EngineRequestError(f"sampling failed: {exc}"))

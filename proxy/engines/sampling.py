@@ -6,6 +6,11 @@ with a `seed` is reproducible whatever else shares its batch). The logprob of a
 sampled token is taken from the processed distribution — logits / T, then top-k
 and top-p filtering, renormalised — which is what an RL trainer must use as the
 behaviour policy. Greedy rows (T = 0) report the untempered model distribution.
+
+A row under structured output (`proxy/engines/grammar.py`) also has the tokens its grammar
+forbids masked to -inf first, before temperature and filtering; its logprobs are those of that
+masked, renormalised distribution, the one the token was truly drawn from (not the model's
+unconstrained distribution), and its top logprobs list only allowed tokens.
 """
 
 from __future__ import annotations
@@ -60,11 +65,19 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Turn raw logits (R, V) into the log-distribution each row samples from."""
+def process_logits(
+    logits: torch.Tensor, params: list[SamplingParams], allowed: list[torch.Tensor | None] | None = None
+) -> torch.Tensor:
+    """Turn raw logits (R, V) into the log-distribution each row samples from; `allowed[row]`,
+    when given, is the row's (V,) bool mask of the tokens its grammar allows."""
     logits = logits.float()
     temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=logits.device)
-    logits = logits / temps.unsqueeze(-1)
+    logits = logits / temps.unsqueeze(-1)  # a new tensor: the caller's logits stay untouched
+    masked = [i for i, a in enumerate(allowed or ()) if a is not None]
+    if masked:
+        idx = torch.tensor(masked, device=logits.device)
+        keep = torch.stack([allowed[i] for i in masked]).to(logits.device)
+        logits[idx] = logits[idx].masked_fill(~keep, float("-inf"))
     filtered = [i for i, p in enumerate(params) if not p.greedy and (p.top_p < 1.0 or p.top_k > 0)]
     if filtered:
         idx = torch.tensor(filtered, device=logits.device)
@@ -74,9 +87,14 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     return torch.log_softmax(logits, dim=-1)
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> Sampled:
-    """Draw one token per row of `logits` (R, V)."""
-    logprobs = process_logits(logits, params)
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    allowed: list[torch.Tensor | None] | None = None,
+) -> Sampled:
+    """Draw one token per row of `logits` (R, V), among the row's `allowed` tokens when given."""
+    logprobs = process_logits(logits, params, allowed)
     # Inverse transform sampling: one uniform number per row (from the row's own generator when
     # it is seeded), then the first token whose cumulative probability passes it. One random
     # number a row instead of one per vocabulary entry: on 2 CPU cores a decode step of 64 rows ×

@@ -5,8 +5,10 @@ Written and checked against the sglang 0.5.23 source; older servers are read too
 `weight_versions` spans are missing). Each request asks for the logprob of
 every sampled token (`return_logprob`, `logprob_start_len: -1`) and keeps stop strings and
 special tokens in place (`no_stop_trim`, `skip_special_tokens: false`); `output_ids` always
-end with the matched stop token. Streamed chunks are cumulative unless the server runs with
-`--incremental-streaming-output`; `StreamDecoder` detects which and yields deltas.
+end with the matched stop token. A JSON schema (`response_format`) goes as the sampling param
+`json_schema` (a string), which SGLang's grammar backend enforces. Streamed chunks are
+cumulative unless the server runs with `--incremental-streaming-output`; `StreamDecoder`
+detects which and yields deltas.
 
 Weight updates pause every server with mode "retract", load the new weights from disk, and
 continue (a server already reporting that version, loaded by another proxy replica sharing it,
@@ -48,6 +50,8 @@ def build_generate_request(
     }
     if params.seed is not None:
         sampling["sampling_seed"] = params.seed
+    if params.json_schema is not None:
+        sampling["json_schema"] = params.json_schema  # a string: SGLang parses it itself
     return {
         "input_ids": list(input_ids),
         "sampling_params": sampling,

@@ -7,6 +7,7 @@ tokens spelled `token_id:<id>`, keeps stop strings and special tokens, and asks 
 `weight_versions` spans (0.33; older servers ignore the field). vLLM reports logprobs of the
 raw model distribution unless the server runs with `--logprobs-mode processed_logprobs`,
 which RL training wants (the distribution actually sampled from, temperature and top-p applied).
+A JSON schema (`response_format`) goes as `structured_outputs: {json: schema}` (vLLM ≥ 0.12).
 
 Weight updates use the dev-mode routes (`VLLM_SERVER_DEV_MODE=1`): `POST /pause?mode=keep`
 freezes in-flight requests without dropping them; `POST /collective_rpc` runs the workers'
@@ -23,6 +24,7 @@ cached weights (vllm#32718).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from proxy.engines.base import EngineRequestError, FinishReason, SamplingParams, StreamDelta
@@ -53,6 +55,9 @@ def build_completion_request(
         body["model"] = model
     if params.seed is not None:
         body["seed"] = params.seed
+    if params.json_schema is not None:
+        # vLLM ≥ 0.12 (`guided_json` before, removed in 0.12.0)
+        body["structured_outputs"] = {"json": json.loads(params.json_schema)}
     return body
 
 

@@ -134,3 +134,22 @@ def test_the_embedded_engine_samples_valid_json_at_temperature_one():
             await engine.stop()
 
     asyncio.run(main())
+
+
+def test_sglang_gets_the_schema_as_its_json_schema_sampling_param():
+    from proxy.engines.sglang import build_generate_request
+    from tests.engines.test_sglang_parsing import SGLANG_SAMPLING_KEYS
+
+    schema = serialize(SCHEMA)
+    sp = build_generate_request([1], SamplingParams(max_new_tokens=8, json_schema=schema), "r")["sampling_params"]
+    assert sp["json_schema"] == schema and set(sp) <= SGLANG_SAMPLING_KEYS
+    assert "json_schema" not in build_generate_request([1], SamplingParams(max_new_tokens=8), "r")["sampling_params"]
+
+
+def test_vllm_gets_the_schema_as_structured_outputs_json():
+    from proxy.engines.vllm import build_completion_request
+
+    body = build_completion_request([1], SamplingParams(max_new_tokens=8, json_schema=serialize(SCHEMA)), "r", "m")
+    assert body["structured_outputs"] == {"json": SCHEMA}
+    assert "guided_json" not in body  # removed in vLLM 0.12
+    assert "structured_outputs" not in build_completion_request([1], SamplingParams(max_new_tokens=8), "r", "m")

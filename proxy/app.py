@@ -94,7 +94,7 @@ def _optional_routers() -> list[Any]:
     import importlib
 
     modules = []
-    for name in ("proxy.routes.responses", "proxy.routes.messages"):
+    for name in ("proxy.routes.responses", "proxy.routes.messages", "proxy.routes.legacy"):
         try:
             modules.append(importlib.import_module(name))
         except ModuleNotFoundError as exc:

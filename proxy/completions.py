@@ -10,6 +10,7 @@ before the caller sends the end of its answer. Nothing the client saw is lost.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import time
 from array import array
@@ -59,6 +60,7 @@ class Turn:
     hashes: list[str]
     params: SamplingParams
     created: int = field(default_factory=lambda: int(time.time()))
+    raw_prompt: str | list[int] | None = None  # a legacy Completions prompt as given (its messages are [])
 
 
 @dataclass
@@ -137,6 +139,51 @@ class CompletionService:
             hashes=hashes,
             params=self._sampling(request, prompt.ids, session.seed if session else None),
         )
+
+    async def prepare_raw(
+        self, caller: Caller, request: ChatRequest, prompt: str | list[int], add_special_tokens: bool, id_prefix: str
+    ) -> Turn:
+        """A legacy Completions turn: `prompt` is text, tokenized as is (no chat template), or token ids
+        used as given. It is a root of its session's tree, under a chain hash of its ids that no chat
+        conversation reaches, so no later chat turn continues it."""
+        session: SessionInfo | None = await self.sessions.for_model_call(caller)
+        if isinstance(prompt, str):
+            encode = partial(self.renderer.tokenizer.encode, prompt, add_special_tokens=add_special_tokens)
+            ids = await asyncio.to_thread(encode) if len(prompt) > OFF_LOOP_CHARS else encode()
+        else:
+            ids = list(prompt)
+            vocab = len(self.renderer.tokenizer)
+            if ids and max(ids) >= vocab:
+                raise invalid_request(f"prompt token id {max(ids)} is outside the vocabulary of {vocab}", "prompt")
+        if not ids:
+            raise invalid_request("the prompt is empty", "prompt")
+        try:
+            params = self._sampling(request, ids, session.seed if session else None)
+        except APIError as exc:  # the context check names chat's messages: here it is the prompt or max_tokens
+            exc.param = "prompt" if len(ids) >= self.engine.info.max_context else "max_tokens"
+            raise
+        digest = hashlib.blake2b(array("i", ids).tobytes(), digest_size=16).hexdigest()
+        return Turn(
+            request=request,
+            api="completions",
+            response_id=id_prefix + secrets.token_hex(12),
+            session_id=session.id if session else new_session_id(),
+            new_auto_session=session is None,
+            parent=None,
+            prompt=Prompt(ids=ids, new_ids=ids, parent_used=False),
+            hashes=[f"prompt:{digest}"],
+            params=params,
+            raw_prompt=prompt,
+        )
+
+    async def count_prompt_tokens(self, caller: Caller, request: ChatRequest) -> int:
+        """The length of the prompt `prepare` builds for `request` as a new root (no continuation of a
+        parent): a client's token count. The caller is checked as for a model call; nothing is stored."""
+        await self.sessions.for_model_call(caller)
+        forced = request.forced_prefix(self.renderer.parsers.tool_format)
+        render = partial(self.renderer.prompt, request.messages, request.tools, None, forced)
+        prompt = await asyncio.to_thread(render) if request.text_size() > OFF_LOOP_CHARS else render()
+        return len(prompt.ids)
 
     def _sampling(self, request: ChatRequest, prompt_ids: list[int], session_seed: int | None) -> SamplingParams:
         prompt_len = len(prompt_ids)
@@ -259,6 +306,8 @@ class CompletionService:
             "sampling": turn.request.sampling(),
             "model": turn.request.model,
         }
+        if turn.raw_prompt is not None:
+            request_json["prompt"] = turn.raw_prompt
         versions: list[int] = []
         for r in results:
             r.completion_id = turn.response_id if r.index == 0 else f"{turn.response_id}-{r.index}"

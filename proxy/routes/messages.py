@@ -26,7 +26,7 @@ from proxy.conversation import normalize_messages
 from proxy.errors import APIError, invalid_request
 from proxy.routes.common import JsonRoute, anthropic_type, json_response, unless_disconnected
 from proxy.routes.deps import CallerDep, Completions, State
-from proxy.schemas.messages import Block, MessagesRequest
+from proxy.schemas.messages import Block, CountTokensRequest, MessagesRequest
 
 router = APIRouter(route_class=JsonRoute)
 
@@ -304,3 +304,12 @@ async def _stream(
     usage = {"output_tokens": len(results[0].generation.output_ids)}
     yield _event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence}, usage=usage)
     yield _event("message_stop")
+
+
+@router.post("/v1/messages/count_tokens")
+@router.post("/sessions/{session_id}/v1/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, caller: CallerDep, completions: Completions) -> Response:
+    """`{"input_tokens": N}`: the length of the prompt a Messages call with this body would start
+    from (as a new root: rendered, not continued). Nothing is recorded."""
+    input_tokens = await completions.count_prompt_tokens(caller, messages_request(body))
+    return json_response({"input_tokens": input_tokens})

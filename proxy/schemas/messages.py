@@ -92,3 +92,9 @@ class MessagesRequest(Wire):
     metadata: JsonObject | None = None
     thinking: JsonObject | None = None
     service_tier: Annotated[str, Field(max_length=64)] | None = None
+
+
+class CountTokensRequest(MessagesRequest):
+    """`POST /v1/messages/count_tokens`: a Messages body; nothing is sampled, so no `max_tokens`."""
+
+    max_tokens: TokenCount | None = None

@@ -114,6 +114,19 @@ CASES = [
     Case("messages-image-block", "POST", "/v1/messages", {"max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "image"}]}]}, shape="anthropic"),
     Case("messages-21-stops", "POST", "/v1/messages", {"max_tokens": 2, "messages": USER, "stop_sequences": ["x"] * 21}, shape="anthropic"),
     Case("messages-non-ascii-key", "POST", "/v1/messages", {"max_tokens": 2, "messages": USER}, status=401, key=None, shape="anthropic", headers={"x-api-key": "clé"}),
+    # -- the legacy Completions API and Anthropic's token count ---------------------------
+    Case("completions-no-prompt", "POST", "/v1/completions", {"model": "m", "max_tokens": 2}, param="prompt"),
+    Case("completions-empty-prompt", "POST", "/v1/completions", {"prompt": ""}, param="prompt"),
+    Case("completions-batch", "POST", "/v1/completions", {"prompt": ["a", "b"]}, param="prompt"),
+    Case("completions-prompt-object", "POST", "/v1/completions", {"prompt": {"text": "hi"}}, param="prompt"),
+    Case("completions-id-2**40", "POST", "/v1/completions", {"prompt": [1, 2**40]}, param="prompt[1]"),
+    Case("completions-id-out-of-vocab", "POST", "/v1/completions", {"prompt": [2**31 - 1]}, param="prompt"),
+    Case("completions-n-over-max_n", "POST", "/v1/completions", {"prompt": "hi", "n": 64}, param="n"),
+    Case("completions-max_tokens-beyond-context", "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 10**6}, status=422, param="max_tokens"),
+    Case("completions-logprobs-bool", "POST", "/v1/completions", {"prompt": "hi", "logprobs": True}, param="logprobs"),
+    Case("completions-echo-logprobs", "POST", "/v1/completions", {"prompt": "hi", "echo": True, "logprobs": 1}, param="echo"),
+    Case("count-tokens-no-messages", "POST", "/v1/messages/count_tokens", {"model": "m"}, shape="anthropic"),
+    Case("count-tokens-image-block", "POST", "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": [{"type": "image"}]}]}, shape="anthropic"),
 ]  # fmt: skip
 
 

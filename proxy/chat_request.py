@@ -5,8 +5,9 @@ sees a body; what is left are the checks that need several fields at once (a `to
 must name an offered tool, `top_logprobs` needs `logprobs`, `n` is at most `[proxy] max_n`)
 and the canonical form the renderer and the store use: tools as `{type: function, function:
 {name, description?, parameters?}}`, messages as `proxy.conversation.normalize_messages`
-gives them. Penalties, logit_bias and response_format are accepted and not applied by the
-embedded engine (listed in `ignored`).
+gives them. Penalties and logit_bias are accepted and not applied by the embedded engine
+(listed in `ignored`). A JSON `response_format` becomes `json_schema`, which holds the reply to
+the schema unless the reply may be a tool call (`reply_schema`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.conversation import normalize_messages
+from proxy.engines.grammar import ANY_JSON_OBJECT, serialize
 from proxy.errors import invalid_request
 from proxy.parsers.base import ToolFormat
 from proxy.schemas.chat import ChatCompletionRequest, NamedToolChoice
 
-_IGNORED = ("presence_penalty", "frequency_penalty", "logit_bias", "response_format", "service_tier")
+_IGNORED = ("presence_penalty", "frequency_penalty", "logit_bias", "service_tier")
 
 
 @dataclass
@@ -41,6 +43,7 @@ class ChatRequest:
     top_logprobs: int = 0
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"
+    json_schema: str | None = None  # serialized; `{"type":"object"}` for json_object
     ignored: list[str] = field(default_factory=list)
 
     @property
@@ -59,6 +62,24 @@ class ChatRequest:
             return fmt.forced_prefix(chosen["function"]["name"])
         return fmt.forced_prefix(None)
 
+    def reply_schema(self) -> str | None:
+        """The schema the reply is held to: `json_schema`, unless the reply may be a tool call.
+
+        A tool call is not JSON of the client's schema, so with tools offered and `tool_choice`
+        auto the reply is left free (the tools stay callable, as without response_format), and
+        with `tool_choice` required or named, where the reply must be a call, a JSON
+        response_format is refused.
+        """
+        if self.json_schema is None or not self.tool_names:
+            return self.json_schema
+        if self.tool_choice != "auto":
+            raise invalid_request(
+                f"a JSON response_format with tool_choice {json.dumps(self.tool_choice)} is not supported: "
+                "the reply must be a tool call",
+                "response_format",
+            )
+        return None
+
     def text_size(self) -> int:
         """Characters of message text, tool-call arguments and tool schemas: what rendering costs."""
         size = sum(len(m.get("content") or "") for m in self.messages)
@@ -76,7 +97,20 @@ class ChatRequest:
             "ignore_eos": self.ignore_eos,
             "n": self.n,
             "tool_choice": self.tool_choice,
+            **({"json_schema": self.reply_schema()} if self.reply_schema() else {}),
         }
+
+
+def reply_json_schema(kind: str | None, schema: dict[str, Any] | None, param: str) -> str | None:
+    """The serialized schema a response format of type `kind` asks for (None: plain text).
+    `param` names where the schema belongs, for the 400 when it is missing."""
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return ANY_JSON_OBJECT
+    if schema is None:
+        raise invalid_request(f"{param} is required with type json_schema", param)
+    return serialize(schema)
 
 
 def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> dict[str, Any]:
@@ -110,6 +144,8 @@ def chat_request(body: ChatCompletionRequest, max_n: int) -> ChatRequest:
     choice = body.tool_choice
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
     stop = body.stop
+    fmt = body.response_format
+    spec = fmt.json_schema if fmt is not None else None
     return ChatRequest(
         model=body.model,
         messages=normalize_messages([m.model_dump(exclude_none=True) for m in body.messages]),
@@ -126,5 +162,6 @@ def chat_request(body: ChatCompletionRequest, max_n: int) -> ChatRequest:
         top_logprobs=(body.top_logprobs or 0) if body.logprobs else 0,
         tools=tools,
         tool_choice=tool_choice(None if named else choice, named, tools),
+        json_schema=reply_json_schema(fmt and fmt.type, spec and spec.schema_, "response_format.json_schema.schema"),
         ignored=[k for k in _IGNORED if getattr(body, k) is not None],
     )

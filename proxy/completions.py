@@ -31,6 +31,7 @@ from proxy.engines.base import (
     SamplingParams,
     StreamDelta,
 )
+from proxy.engines.grammar import schema_error
 from proxy.errors import APIError, conflict, context_length, engine_unavailable, invalid_request, store_unavailable
 from proxy.parsers.stream import Delta
 from proxy.render import ParentTokens, Prompt, Renderer
@@ -198,6 +199,11 @@ class CompletionService:
                 f"max_tokens {request.max_tokens} + prompt {prompt_len} tokens exceeds the model's context "
                 f"of {self.engine.info.max_context} tokens"
             )
+        reply_schema = request.reply_schema()
+        if request.json_schema is not None:
+            error = schema_error(request.json_schema)  # compiled now: a refused schema is a 400, not a failed choice
+            if error is not None:
+                raise invalid_request(f"the JSON schema is not supported: {error}", "response_format")
         return SamplingParams(
             max_new_tokens=request.max_tokens or min(self.default_max_tokens, room),
             temperature=request.temperature,
@@ -209,6 +215,7 @@ class CompletionService:
             stop=tuple(request.stop),
             ignore_eos=request.ignore_eos,
             top_logprobs=request.top_logprobs if request.logprobs else 0,
+            json_schema=reply_schema,
         )
 
     # -- generate -------------------------------------------------------------------

@@ -20,7 +20,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from proxy.chat_request import ChatRequest, function_tool, tool_choice
+from proxy.chat_request import ChatRequest, function_tool, reply_json_schema, tool_choice
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.conversation import normalize_messages
 from proxy.errors import APIError, invalid_request
@@ -134,6 +134,8 @@ def _tools(body: MessagesRequest) -> tuple[list[dict], str | dict]:
 
 def messages_request(body: MessagesRequest) -> ChatRequest:
     tools, choice = _tools(body)
+    fmt = body.output_config.format if body.output_config is not None else None
+    fmt = fmt or body.output_format
     return ChatRequest(
         model=body.model,
         messages=normalize_messages(to_chat_messages(body)),
@@ -146,6 +148,7 @@ def messages_request(body: MessagesRequest) -> ChatRequest:
         ignore_eos=bool(body.ignore_eos),
         tools=tools,
         tool_choice=choice,
+        json_schema=reply_json_schema(fmt and fmt.type, fmt and fmt.schema_, "output_config.format.schema"),
     )
 
 

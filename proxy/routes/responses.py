@@ -20,7 +20,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from proxy.chat_request import ChatRequest, function_tool, tool_choice
+from proxy.chat_request import ChatRequest, function_tool, reply_json_schema, tool_choice
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.conversation import content_text, normalize_messages
 from proxy.errors import APIError, invalid_request, not_found
@@ -150,6 +150,7 @@ def responses_request(body: ResponsesRequest, history: list[dict[str, Any]] | No
     if not messages:
         raise invalid_request("input must contain at least one item", "input")
     tools, choice = chat_tools_and_choice(body)
+    fmt = body.text.format if body.text is not None else None
     return ChatRequest(
         model=body.model,
         messages=normalize_messages(messages),
@@ -163,6 +164,7 @@ def responses_request(body: ResponsesRequest, history: list[dict[str, Any]] | No
         top_logprobs=body.top_logprobs or 0,
         tools=tools,
         tool_choice=choice,
+        json_schema=reply_json_schema(fmt and fmt.type, fmt and fmt.schema_, "text.format.schema"),
     )
 
 
@@ -222,6 +224,12 @@ def output_items(turn: Turn, result: ChoiceResult, logprobs: list[dict]) -> list
     return items
 
 
+def _text_format(body: ResponsesRequest) -> dict[str, Any]:
+    """The request's `text.format`, echoed as OpenAI does (plain text when none was given)."""
+    fmt = body.text.format if body.text is not None else None
+    return fmt.model_dump(by_alias=True, exclude_none=True) if fmt is not None else {"type": "text"}
+
+
 def response_object(
     turn: Turn, body: ResponsesRequest, model: str, output: list[dict], results: list[ChoiceResult] | None
 ) -> dict[str, Any]:
@@ -247,7 +255,7 @@ def response_object(
         "reasoning": {"effort": None, "summary": None},
         "store": True,
         "temperature": request.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": _text_format(body)},
         "tool_choice": {"type": "function", "name": choice["function"]["name"]} if isinstance(choice, dict) else choice,
         "tools": tools,
         "top_p": request.top_p,

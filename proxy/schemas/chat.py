@@ -3,8 +3,9 @@
 Field names and ranges are OpenAI's (temperature 0–2, top_p in (0, 1], top_logprobs ≤ 20,
 `max_tokens` or `max_completion_tokens`), plus the `top_k` extension vLLM and SGLang accept.
 Content is text: a string, null, or text parts; any other part type is refused by name.
-Penalties, `logit_bias`, `response_format` and `service_tier` are accepted and not applied
-(the embedded engine samples without them); other unknown fields are ignored.
+`response_format` is honoured (text, `json_object`, `json_schema`: see docs/structured-output.md).
+Penalties, `logit_bias` and `service_tier` are accepted and not applied (the embedded engine
+samples without them); other unknown fields are ignored.
 """
 
 from __future__ import annotations
@@ -92,6 +93,20 @@ class NamedToolChoice(Wire):
 ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
 
 
+class JsonSchemaSpec(Wire):
+    name: Annotated[str, Field(max_length=256)] | None = None
+    description: str | None = None
+    schema_: Annotated[JsonObject | None, Field(alias="schema")] = None
+    strict: bool | None = None
+
+
+class ResponseFormat(Wire):
+    """Plain text, any JSON object, or JSON matching `json_schema.schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
 class StreamOptions(Wire):
     include_usage: bool | None = None
 
@@ -121,7 +136,7 @@ class ChatCompletionRequest(Wire):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=1024)] | None = None
-    response_format: JsonObject | None = None
+    response_format: ResponseFormat | None = None
     service_tier: Annotated[str, Field(max_length=64)] | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
     metadata: JsonObject | None = None

@@ -3,8 +3,10 @@
 Anthropic's ranges: `max_tokens` required, temperature 0–1, `top_k` ≥ 0, at most 16
 `stop_sequences`. Content is a string or blocks: `text`, `tool_use`, `tool_result` (its content
 a string or text blocks), `thinking` and `redacted_thinking`; images and documents are refused
-by name. Tools are custom tools with an `input_schema`. `metadata`, `thinking`, `cache_control`
-and other fields clients send are accepted; unknown ones ignored.
+by name. Tools are custom tools with an `input_schema`. Structured outputs
+(`output_config.format`, or the beta's `output_format`: type `json_schema`) hold the reply to a
+schema. `metadata`, `thinking`, `cache_control` and other fields clients send are accepted;
+unknown ones ignored.
 """
 
 from __future__ import annotations
@@ -75,6 +77,17 @@ class ToolChoice(Wire):
     disable_parallel_tool_use: bool | None = None
 
 
+class OutputFormat(Wire):
+    """Structured outputs: the reply is JSON matching `schema`."""
+
+    type: Literal["json_schema"]
+    schema_: Annotated[JsonObject, Field(alias="schema")]
+
+
+class OutputConfig(Wire):
+    format: OutputFormat | None = None
+
+
 class MessagesRequest(Wire):
     model: Annotated[str, Field(max_length=256)] = ""
     max_tokens: TokenCount
@@ -91,6 +104,9 @@ class MessagesRequest(Wire):
     tool_choice: ToolChoice | None = None
     metadata: JsonObject | None = None
     thinking: JsonObject | None = None
+    output_format: OutputFormat | None = None
+    """The structured-outputs beta's spelling of `output_config.format`."""
+    output_config: OutputConfig | None = None
     service_tier: Annotated[str, Field(max_length=64)] | None = None
 
 

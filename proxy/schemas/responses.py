@@ -3,8 +3,9 @@
 Input is a string or items: `message` (role user, system, developer or assistant; text
 content), `function_call`, `function_call_output` and `reasoning`; other item types (images,
 files, built-in tool calls) are refused by name. Tools are flat function tools; built-in tools
-(web search, file search, computer use) are refused by name. Other fields the SDK sends
-(`store`, `metadata`, `truncation`, `reasoning`, `text`, …) are accepted; unknown ones ignored.
+(web search, file search, computer use) are refused by name. `text.format` is honoured (text,
+`json_object`, `json_schema`). Other fields the SDK sends (`store`, `metadata`, `truncation`,
+`reasoning`, …) are accepted; unknown ones ignored.
 """
 
 from __future__ import annotations
@@ -69,6 +70,21 @@ class NamedFunctionChoice(Wire):
     name: Annotated[str, Field(min_length=1, max_length=256)]
 
 
+class TextFormat(Wire):
+    """`text.format`: plain text, any JSON object, or JSON matching `schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: Annotated[str, Field(max_length=256)] | None = None
+    description: str | None = None
+    schema_: Annotated[JsonObject | None, Field(alias="schema")] = None
+    strict: bool | None = None
+
+
+class ResponsesText(Wire):
+    format: TextFormat | None = None
+    verbosity: Annotated[str, Field(max_length=32)] | None = None
+
+
 class ResponsesRequest(Wire):
     model: Annotated[str, Field(max_length=256)] = ""
     input: str | Annotated[list[InputItem], Field(max_length=MAX_MESSAGES)] | None = None
@@ -92,5 +108,5 @@ class ResponsesRequest(Wire):
     store: bool | None = None
     truncation: Annotated[str, Field(max_length=64)] | None = None
     reasoning: JsonObject | None = None
-    text: JsonObject | None = None
+    text: ResponsesText | None = None
     user: Annotated[str, Field(max_length=256)] | None = None

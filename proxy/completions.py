@@ -61,6 +61,7 @@ class Turn:
     hashes: list[str]
     params: SamplingParams
     created: int = field(default_factory=lambda: int(time.time()))
+    segment: bool = False  # linked to `parent`, but its prompt ids are whole (proxy.store.tree.starts_segment)
     raw_prompt: str | list[int] | None = None  # a legacy Completions prompt as given (its messages are [])
 
 
@@ -84,6 +85,7 @@ class ChoiceResult:
     reply: Reply
     generation: GenerationResult
     completion_id: str = ""
+    segment: bool = False  # the turn started a new token sequence under its parent
 
 
 class CompletionService:
@@ -121,8 +123,9 @@ class CompletionService:
         # Rendering and tokenizing a long conversation takes milliseconds per 10 KB: off the event
         # loop, which meanwhile streams every other client's tokens.
         prompt = await asyncio.to_thread(render) if request.text_size() > OFF_LOOP_CHARS else render()
-        if not prompt.parent_used:
-            parent = None
+        # A parent whose ids the new prompt does not extend (the template re-rendered the history)
+        # stays linked in the tree: the turn starts a new token sequence under it.
+        segment = parent is not None and not prompt.parent_used
         if session is not None:
             session_id, new_auto = session.id, False
         elif parent is not None:
@@ -137,6 +140,7 @@ class CompletionService:
             new_auto_session=new_auto,
             parent=parent,
             prompt=prompt,
+            segment=segment,
             hashes=hashes,
             params=self._sampling(request, prompt.ids, session.seed if session else None),
         )
@@ -260,7 +264,7 @@ class CompletionService:
         rest, reply = builder.finish(result.finish_reason)
         if rest and out is not None:
             await out.put(_choice_delta(index, rest, calls_before, None))
-        return ChoiceResult(index=index, reply=reply, generation=result)
+        return ChoiceResult(index=index, reply=reply, generation=result, segment=turn.segment)
 
     async def run(self, turn: Turn) -> list[ChoiceResult]:
         """Generate every choice (batched together by the engine) and record them.

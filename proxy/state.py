@@ -114,4 +114,5 @@ class AppState:
         self.metrics.inc("areal_requests_total", api=api)
         self.metrics.inc("areal_completions_total", len(results), api=api)
         self.metrics.inc("areal_generated_tokens_total", sum(len(r.generation.output_ids) for r in results))
+        self.metrics.inc("areal_history_rewrites_total", sum(r.segment for r in results))
         self.metrics.observe("areal_request_seconds", time.perf_counter() - started, api=api)

@@ -2,7 +2,9 @@
 
 Rows store only the prompt ids beyond the parent's sequence; here each node's
 full prompt is rebuilt (parent prompt + parent output + its own new ids), so a
-reader sees exactly the ids the engine was given and sampled.
+reader sees exactly the ids the engine was given and sampled. A node whose chat
+template re-rendered the history starts a new sequence (`segment_start`);
+`history_rewrites` counts them.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.store.tokens import unpack_floats, unpack_ints
-from proxy.store.tree import full_messages, full_prompts
+from proxy.store.tree import full_messages, full_prompts, starts_segment
 
 
 def session_payload(session: Any, rows: list[Any]) -> dict[str, Any]:
@@ -33,6 +35,7 @@ def session_payload(session: Any, rows: list[Any]) -> dict[str, Any]:
                 "response": r.response,
                 "finish_reason": r.finish_reason,
                 "prompt_ids": prompts[r.id],
+                "segment_start": r.parent_id is not None and starts_segment(r),
                 "output_ids": unpack_ints(r.output_ids),
                 "output_logprobs": unpack_floats(r.output_logprobs),
                 "output_versions": unpack_ints(r.output_versions),
@@ -45,5 +48,6 @@ def session_payload(session: Any, rows: list[Any]) -> dict[str, Any]:
         "metadata": session.metadata or {},
         "reference": session.reference,
         "reward_fn": session.reward_fn,
+        "history_rewrites": sum(n["segment_start"] for n in nodes),
         "completions": nodes,
     }

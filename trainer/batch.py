@@ -1,7 +1,7 @@
 """From claimed sessions to prefix-shared training groups under a token budget.
 
 Each session yields samples in the configured style (`individual`: one per
-completion; `concat`: one per root-to-leaf path, see proxy/store/samples.py), each a
+completion; `concat`: one per token sequence, root or segment to its end, see proxy/store/samples.py), each a
 token sequence with a loss mask over sampled tokens, behaviour logprobs,
 versions and per-token advantages ((return - baseline) / scale of its group).
 

@@ -4,9 +4,11 @@ Two styles:
 - `individual`: one sample per completion: its full prompt ids, sampled ids, their
   behaviour logprobs and per-token weight versions, its tree return, and the
   session / group / turn it belongs to.
-- `concat`: one sample per root-to-leaf path: the leaf's whole token sequence
-  (every turn's prompt and reply), a loss mask over every sampled assistant token
-  on the path, and per-token behaviour logprobs, versions and returns.
+- `concat`: one sample per token sequence (root or segment start to the sequence's end): its
+  whole ids (every turn's prompt and reply), a loss mask over every sampled assistant token
+  on it, and per-token behaviour logprobs, versions and returns. A turn whose template
+  re-rendered the history starts a new sequence (`starts_segment`); its parent's sequence
+  then ends at the parent, while returns still flow through the link.
 `trainer/export.py` writes them to files; `trainer/loop.py` trains on them.
 """
 
@@ -21,7 +23,7 @@ from sqlalchemy import Connection, select
 from proxy.store.db import Database
 from proxy.store.schema import completions, sessions
 from proxy.store.tokens import unpack_floats, unpack_ints
-from proxy.store.tree import full_prompts
+from proxy.store.tree import full_prompts, starts_segment
 
 
 @dataclass
@@ -99,11 +101,11 @@ def samples_for_session(session: Any, rows: list[Any]) -> SessionSamples:
                 temperature=row.temperature,
             )
         )
-    has_child = {r.parent_id for r in rows if r.parent_id}
+    continued = {r.parent_id for r in rows if not starts_segment(r)}  # sequences that go on past these
     concat = []
-    for leaf in (r for r in rows if r.id not in has_child):
+    for leaf in (r for r in rows if r.id not in continued):
         path = [leaf]
-        while path[-1].parent_id and path[-1].parent_id in by_id:
+        while not starts_segment(path[-1]) and path[-1].parent_id in by_id:
             path.append(by_id[path[-1].parent_id])
         path.reverse()
         input_ids = prompts[leaf.id] + unpack_ints(leaf.output_ids)

@@ -105,11 +105,12 @@ def load_node(conn: Connection, completion_id: str, auto: bool, eos_ids: set[int
                 completions.c.depth,
                 completions.c.request,
                 completions.c.prompt_ids,
+                completions.c.prompt_len,
                 completions.c.output_ids,
             ).where(completions.c.id == current)
         ).one()
         chain.append(row)
-        current = row.parent_id
+        current = None if starts_segment(row) else row.parent_id
     full = array("i")
     for row in reversed(chain):
         full.extend(unpack_ints(row.prompt_ids))
@@ -171,12 +172,20 @@ def full_messages(rows: list[Any]) -> dict[str, list[dict[str, Any]]]:
     return memo
 
 
+def starts_segment(row: Any) -> bool:
+    """Whether a row's prompt ids are its whole prompt: a root, or a turn whose chat template
+    re-rendered the history (Qwen3 dropping past reasoning), recorded as a new token sequence
+    linked to its parent. Every other row stores only the ids beyond its parent's sequence."""
+    return row.parent_id is None or len(row.prompt_ids or b"") // 4 == row.prompt_len
+
+
 def full_prompts(rows: list[Any]) -> dict[str, list[int]]:
-    """Each completion's full prompt ids: parent prompt + parent output + its own new ids."""
+    """Each completion's full prompt ids: parent prompt + parent output + its own new ids (a
+    segment's own ids alone)."""
     by_id = {r.id: r for r in rows}
     prompts: dict[str, list[int]] = {}
     for row in sorted(rows, key=lambda r: r.depth):
-        parent = by_id.get(row.parent_id) if row.parent_id else None
+        parent = by_id.get(row.parent_id) if row.parent_id and not starts_segment(row) else None
         base = prompts[parent.id] + unpack_ints(parent.output_ids) if parent is not None else []
         prompts[row.id] = base + unpack_ints(row.prompt_ids)
     return prompts

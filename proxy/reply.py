@@ -58,7 +58,8 @@ class ReplyBuilder:
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
         tool_format = parsers.tool(tool_names) if tool_names else None
-        self.skip_special = not (tool_format is not None and tool_format.special_tokens)
+        self.whole = parsers.tool_format.reply_stage(tool_names or set())  # harmony: one parser for all
+        self.skip_special = self.whole is None and not (tool_format is not None and tool_format.special_tokens)
         self.eos_ids = parsers.eos_ids
         self.reasoning = ReasoningSplitter(parsers.reasoning, reasoning_open) if parsers.reasoning else None
         self.tools = ToolSection(tool_format)
@@ -110,8 +111,12 @@ class ReplyBuilder:
             end -= held_back(visible, self.stop)
         new = visible[self._settled : max(end, self._settled)]
         self._settled = max(end, self._settled)
-        reasoning, text = self.reasoning.feed(new, final) if self.reasoning else ("", new)
-        content, calls = self.tools.feed(text, final)
+        if self.whole is not None:
+            d = self.whole.feed(new, final)
+            reasoning, content, calls = d.reasoning, d.content, d.calls
+        else:
+            reasoning, text = self.reasoning.feed(new, final) if self.reasoning else ("", new)
+            content, calls = self.tools.feed(text, final)
         self.out.reasoning += reasoning
         self.out.content += content
         self.out.calls.extend(calls)

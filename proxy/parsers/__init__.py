@@ -2,7 +2,8 @@
 
 `choose` reads the family off the template's own markers (`<tool_call>`: Hermes/Qwen,
 `[TOOL_CALLS]`: Mistral, DeepSeek's tool-call marker tokens, Llama 3's `<|python_tag|>`
-headers; `<think>` for reasoning); `[engine] tool_parser` / `reasoning_parser` name one instead.
+headers, gpt-oss's harmony `<|channel|>`; `<think>` for reasoning); `[engine] tool_parser` /
+`reasoning_parser` name one instead.
 A template that renders no tools gets the generic Hermes-style section (`proxy/render.py`), so
 its replies are read as Hermes. Adding a family is one module that registers a `ToolFormat`.
 """
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.parsers import deepseek, hermes, llama3, mistral, reasoning
+from proxy.parsers import deepseek, harmony, hermes, llama3, mistral, reasoning
 from proxy.parsers.base import REASONING_FORMATS, TOOL_FORMATS, ReasoningFormat, ToolFormat
 
 _FAMILY_MARKERS = (
+    (harmony.CHANNEL, "harmony"),
     (deepseek.CALLS_BEGIN, "deepseek_v3"),
     (mistral.TOOL_CALLS, "mistral"),
     (hermes.OPEN, "hermes"),
@@ -36,6 +38,8 @@ class Parsers:
 
     @property
     def names(self) -> tuple[str, str]:
+        if self.tool_format.reply_stage(set()) is not None:
+            return self.tool_format.name, self.tool_format.name  # one parser reads both
         reasoning = next((k for k, v in REASONING_FORMATS.items() if v == self.reasoning), "none")
         return self.tool_format.name, reasoning
 
@@ -58,7 +62,9 @@ def choose(
         if native_tools:
             name = next((n for marker, n in _FAMILY_MARKERS if marker in template), "hermes")
         tool = TOOL_FORMATS[name]
-    if reasoning_parser == "auto":
+    if tool.reply_stage(set()) is not None:  # harmony: reasoning is one of its channels
+        found = None
+    elif reasoning_parser == "auto":
         found = reasoning.THINK if reasoning.THINK.start in template and reasoning.THINK.end in template else None
     elif reasoning_parser == "none":
         found = None

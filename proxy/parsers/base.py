@@ -130,6 +130,13 @@ class ToolFormat:
     def __init__(self, tool_names: set[str]) -> None:
         self.tool_names = tool_names
 
+    @classmethod
+    def reply_stage(cls, tool_names: set[str]) -> Any:
+        """A parser of the whole reply (reasoning, content and calls at once, with
+        `feed(text, final) -> Delta`) for formats where those are not separable stages; None for
+        the rest, whose replies go through the reasoning and tool-section stages."""
+        return None
+
     def next_call(self, section: str, final: bool) -> Step:
         """Read the next call off the front of `section` (which starts at a marker, or where the
         previous call ended); `final`: no more text will come."""

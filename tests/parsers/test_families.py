@@ -13,7 +13,8 @@ import pytest
 
 from proxy.parsers import TOOL_FORMATS
 from proxy.parsers.base import REASONING_FORMATS
-from proxy.parsers.stream import ReasoningSplitter, ToolSection
+from proxy.parsers.harmony import HarmonyStream
+from proxy.parsers.stream import Delta, ReasoningSplitter, ToolSection
 
 NAMES = {"get_weather", "get_time"}
 W = {"city": "Paris"}
@@ -182,3 +183,47 @@ def split(text: str, inside: bool, pieces: bool) -> tuple[str, str]:
 )
 def test_reasoning_split(text, inside, reasoning, content, pieces):
     assert split(text, inside, pieces) == (reasoning, content)
+
+
+# -- harmony (gpt-oss): reasoning, content and calls are channels of one stream -------------------
+def harmony_run(text: str, pieces: bool):
+    stream = HarmonyStream(NAMES)
+    out = Delta()
+    for chunk in [*(list(text) if pieces else [text]), None]:
+        d = stream.feed(chunk or "", final=chunk is None)
+        out.reasoning += d.reasoning
+        out.content += d.content
+        out.calls += d.calls
+    return out
+
+
+ANALYSIS = "<|channel|>analysis<|message|>Need the weather.<|end|>"
+
+
+def harmony_call(name, args, end="<|call|>"):
+    head = f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+    return head + json.dumps(args) + end
+
+
+@pytest.mark.parametrize("pieces", [False, True], ids=["whole", "by-char"])
+@pytest.mark.parametrize(
+    "text, reasoning, content, calls",
+    [
+        (ANALYSIS + harmony_call("get_weather", W, ""), "Need the weather.", "", [("get_weather", W)]),
+        (ANALYSIS + harmony_call("get_weather", W, "<|end|>") + harmony_call("get_time", T), "Need the weather.", "",
+         [("get_weather", W), ("get_time", T)]),
+        (ANALYSIS + "<|start|>assistant<|channel|>final<|message|>Sunny.<|return|>", "Need the weather.", "Sunny.", []),
+        ("<|channel|>final<|message|>Just the answer.", "", "Just the answer.", []),
+        ("Plain text, no harmony at all.", "", "Plain text, no harmony at all.", []),
+        (ANALYSIS + harmony_call("no_such_tool", W), "Need the weather.", None, []),
+        (ANALYSIS + harmony_call("get_weather", W)[:-20], "Need the weather.", None, []),  # cut off mid-call
+    ],
+    ids=["call", "parallel", "final", "final-only", "plain", "unknown-tool", "cut-off"],
+)  # fmt: skip
+def test_harmony(text, reasoning, content, calls, pieces):
+    out = harmony_run(text, pieces)
+    assert out.reasoning == reasoning and names_args(out.calls) == calls
+    if content is None:  # a malformed call stays the model's text
+        assert "to=functions." in out.content
+    else:
+        assert out.content == content

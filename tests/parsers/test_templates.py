@@ -27,6 +27,12 @@ FAMILIES = {
         "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
         '```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
     ),
+    "harmony": (
+        "harmony",
+        "harmony",
+        "<|channel|>analysis<|message|>I need the weather tool.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}',
+    ),
 }
 WEATHER = {
     "type": "function",
@@ -73,7 +79,7 @@ def test_a_tool_turn_continues_token_exactly_through_the_result(tokenizer, famil
     _, reply = builder.finish("stop")
     assert [c["function"]["name"] for c in reply.tool_calls] == ["get_weather"], reply
     assert json.loads(reply.tool_calls[0]["function"]["arguments"]) == {"city": "Paris"}
-    assert (reply.reasoning is not None) == (family == "deepseek_r1")
+    assert (reply.reasoning is not None) == (family in ("deepseek_r1", "harmony"))
     # the client sends the call back with its result; the next prompt extends the sampled ids
     call_id = reply.tool_calls[0]["id"]
     messages += [reply.message(), {"role": "tool", "tool_call_id": call_id, "content": "Sunny, 21 degrees"}]

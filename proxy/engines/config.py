@@ -14,6 +14,13 @@ from pydantic import Field, model_validator
 
 from proxy.sections import Device, Section
 
+# The names `proxy/parsers/` registers (tests/parsers/test_families.py checks they match).
+ToolParser = Literal[
+    "auto", "hermes", "qwen3", "qwen2.5", "llama3_json", "llama3", "llama4_json", "mistral", "deepseek_v3",
+    "deepseek_r1", "deepseek_v31", "harmony", "gpt-oss",
+]  # fmt: skip
+ReasoningParser = Literal["auto", "none", "qwen3", "deepseek_r1", "think"]
+
 
 class EngineConfig(Section):
     backend: Literal["local", "sglang", "vllm"] = "local"
@@ -56,12 +63,12 @@ class EngineConfig(Section):
     """Seed of the embedded engine's default sampler."""
     chat_template: str = ""
     """A Jinja chat template (a file path, or the template itself) used instead of the model's own."""
-    tool_parser: str = "auto"
-    """How replies' tool calls are read: auto (from the chat template), hermes, qwen3, llama3_json,
-    mistral or deepseek_v3 (see docs/model-families.md)."""
-    reasoning_parser: str = "auto"
-    """How replies' reasoning is read: auto (`<think>` tags when the chat template has them), qwen3,
-    deepseek_r1, or none."""
+    tool_parser: ToolParser = "auto"
+    """How replies' tool calls are read: auto (from the chat template's markers) or a family's parser
+    (see docs/model-families.md)."""
+    reasoning_parser: ReasoningParser = "auto"
+    """How replies' reasoning is read: auto (`<think>` tags when the chat template has them), a
+    family's parser, or none."""
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:

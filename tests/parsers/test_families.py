@@ -158,6 +158,15 @@ def test_calls_are_emitted_as_each_one_completes():
     assert section.feed('{"tz": "CET"}}\n</tool_call>', final=False)[1][0]["function"]["name"] == "get_time"
 
 
+def test_the_config_offers_every_registered_parser():
+    from typing import get_args
+
+    from proxy.engines.config import ReasoningParser, ToolParser
+
+    assert set(get_args(ToolParser)) == {"auto", *TOOL_FORMATS}
+    assert set(get_args(ReasoningParser)) == {"auto", "none", *REASONING_FORMATS}
+
+
 # -- reasoning -----------------------------------------------------------------------------
 def split(text: str, inside: bool, pieces: bool) -> tuple[str, str]:
     splitter = ReasoningSplitter(REASONING_FORMATS["qwen3"], inside)

@@ -147,6 +147,10 @@ async def completions_route(
         )
     results = await unless_disconnected(request, completions.run(turn))
     state.observe_call("completions", started, results)
+    return json_response(_answer(state, turn, legacy, model, results), headers=_headers(turn))
+
+
+def _answer(state: Any, turn: Turn, legacy: Legacy, model: str, results: list[ChoiceResult]) -> dict[str, Any]:
     tok = state.renderer.tokenizer
     prefix = echo_text(state, turn) if legacy.echo else ""
     choices = []
@@ -177,7 +181,7 @@ async def completions_route(
     }
     if legacy.return_token_ids:
         payload["prompt_token_ids"] = turn.prompt.ids
-    return json_response(payload, headers=_headers(turn))
+    return payload
 
 
 async def _chunks(
@@ -192,11 +196,13 @@ async def _chunks(
         "system_fingerprint": f"areal-v{state.engine.version}",
     }
 
-    def chunk(index: int, text: str, ids: list[int], finish: str | None = None, logprobs: Any = None) -> bytes:
+    def chunk(
+        index: int, text: str, ids: list[int], finish: str | None = None, logprobs: Any = None, **top: Any
+    ) -> bytes:
         choice: dict[str, Any] = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         if legacy.return_token_ids:
             choice["token_ids"] = ids
-        return sse({**base, "choices": [choice]})
+        return sse({**base, **top, "choices": [choice]})
 
     n = turn.request.n
     builders = [_builder(state, turn) for _ in range(n)]
@@ -204,10 +210,9 @@ async def _chunks(
     if legacy.echo or legacy.return_token_ids:
         prefix = echo_text(state, turn) if legacy.echo else ""
         offsets = [len(prefix)] * n
-        extra = {"prompt_token_ids": turn.prompt.ids} if legacy.return_token_ids else {}
+        top = {"prompt_token_ids": turn.prompt.ids} if legacy.return_token_ids else {}
         for i in range(n):
-            choice = {"index": i, "text": prefix, "logprobs": None, "finish_reason": None}
-            yield sse({**base, **extra, "choices": [{**choice, **({"token_ids": []} if extra else {})}]})
+            yield chunk(i, prefix, [], **top)
     item = first
     try:
         while not isinstance(item, list):

@@ -114,6 +114,8 @@ def test_stop_echo_and_n(proxy):
     assert cut["text"] == text[: text.index(stop)] and cut["finish_reason"] == "stop"
     echoed = greedy(client, PROMPT, echo=True)["choices"][0]
     assert echoed["text"] == PROMPT + text
+    stream = client.completions.create(model="m", prompt=PROMPT, max_tokens=12, temperature=0, echo=True, stream=True)
+    assert "".join(c.text for chunk in stream for c in chunk.choices) == PROMPT + text
     many = client.completions.create(model="m", prompt=PROMPT, max_tokens=6, n=2, seed=7, temperature=1.0)
     assert [c.index for c in many.choices] == [0, 1]
     nodes = proxy.session(session["session_id"])["completions"]

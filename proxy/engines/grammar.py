@@ -58,6 +58,12 @@ def _unsupported(error: str) -> InvalidSampling:
     return InvalidSampling(f"response_format: the JSON schema is not supported: {error}", PARAM)
 
 
+def _failed(error: str) -> InvalidSampling:
+    """A matcher that fails mid-reply (a schema only decoding finds impossible, e.g. `{"$ref": "#"}`);
+    llguidance's message goes on with a dump of its parser state: its first line names the fault."""
+    return InvalidSampling(f"structured output failed: {error.splitlines()[0][:300] if error else 'no reason'}", PARAM)
+
+
 class Matcher:
     """One request's place in its grammar."""
 
@@ -69,13 +75,14 @@ class Matcher:
     def allowed(self) -> torch.Tensor:
         """(V,) bool: the tokens that may come next. Once the value is complete, the EOS tokens."""
         bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
-        allowed = torch.from_numpy(np.unpackbits(bits, bitorder="little")[: self._vocab].astype(bool))
         if self._m.is_error():
-            raise InvalidSampling(f"structured output failed: {self._m.get_error()}", PARAM)
-        if self._m.is_accepting():
+            raise _failed(self._m.get_error())
+        accepting = self._m.is_accepting()
+        if not accepting and not bits.any():
+            raise _failed("the grammar allows no next token")
+        allowed = torch.from_numpy(np.unpackbits(bits, bitorder="little")[: self._vocab].view(bool))
+        if accepting:
             allowed[self._eos] = True
-        if not allowed.any():
-            raise InvalidSampling("structured output failed: the grammar allows no next token", PARAM)
         return allowed
 
     def advance(self, token: int) -> None:
@@ -83,7 +90,7 @@ class Matcher:
         if token in self._eos:
             return
         if not self._m.consume_token(token):
-            raise InvalidSampling(f"structured output failed: {self._m.get_error()}", PARAM)
+            raise _failed(self._m.get_error())
 
 
 class Grammars:

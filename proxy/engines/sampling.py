@@ -114,5 +114,7 @@ def sample(
         for row, p in enumerate(params):
             if p.top_logprobs:
                 n = p.top_logprobs
-                tops[row] = list(zip(indices[row, :n].tolist(), values[row, :n].tolist()))
+                # tokens the row cannot draw (filtered or forbidden by its grammar) are not alternatives
+                pairs = zip(indices[row, :n].tolist(), values[row, :n].tolist())
+                tops[row] = [(t, v) for t, v in pairs if v != float("-inf")]
     return Sampled(token_ids=token_ids, logprobs=chosen.tolist(), top_logprobs=tops)

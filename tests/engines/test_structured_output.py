@@ -153,3 +153,12 @@ def test_vllm_gets_the_schema_as_structured_outputs_json():
     assert body["structured_outputs"] == {"json": SCHEMA}
     assert "guided_json" not in body  # removed in vLLM 0.12
     assert "structured_outputs" not in build_completion_request([1], SamplingParams(max_new_tokens=8), "r", "m")
+
+
+def test_top_logprobs_list_only_tokens_the_grammar_allows():
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(3))
+    allowed = torch.zeros(50, dtype=torch.bool)
+    allowed[[4, 9]] = True
+    out = sample(logits, [SamplingParams(max_new_tokens=1, top_logprobs=5)], [None], [allowed])
+    [top] = out.top_logprobs
+    assert sorted(t for t, _ in top) == [4, 9] and all(math.isfinite(v) for _, v in top)

@@ -66,8 +66,11 @@ def test_json_object_mode_gives_a_json_object(client):
         temperature=1.0,
         seed=1,
         max_tokens=200,
+        logprobs=True,
+        top_logprobs=3,  # alternatives the grammar forbids are left out, never -inf
     )
     for choice in r.choices:
+        assert all(len(t.top_logprobs) <= 3 for t in choice.logprobs.content)
         if choice.finish_reason == "stop":  # an unbounded object may run past max_tokens
             assert isinstance(json.loads(choice.message.content), dict)
         else:

@@ -147,6 +147,57 @@ class ToolFormat:
         """The reply's start when a call is required: of tool `name`, or of any tool (None)."""
         raise NotImplementedError
 
+    @classmethod
+    def call_grammar(cls, tools: list[dict[str, Any]]) -> tuple[str, str]:
+        """(prefix, grammar): when a call is required, the reply starts with `prefix` and the rest
+        is held by `grammar` (llguidance's Lark dialect, arguments as `%json` rules) to one call of
+        one of `tools` in this format, its arguments valid against the tool's parameters."""
+        raise NotImplementedError
+
+
+def call_schema(tool: dict[str, Any], args_key: str) -> dict[str, Any]:
+    """The JSON schema of `{"name": <this tool>, args_key: <its arguments>}`."""
+    fn = tool["function"]
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn["name"]}, args_key: arguments_schema(tool)},
+        "required": ["name", args_key],
+        "additionalProperties": False,
+    }
+
+
+def arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool["function"].get("parameters") or {"type": "object"}
+
+
+def lark_json(rule: str, schema: dict[str, Any]) -> str:
+    """A `%json` rule; its JSON is written as `json.dumps` writes it (no free whitespace, which a
+    small model can fill forever)."""
+    layout = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    return f"{rule}: %json {json.dumps({**schema, 'x-guidance': layout}, ensure_ascii=False)}"
+
+
+def lark_text(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def one_object_grammar(tools: list[dict[str, Any]], args_key: str, after: str = "") -> str:
+    """A grammar of one `{"name", args_key}` object naming one of `tools`, then the text `after`."""
+    schemas = [call_schema(t, args_key) for t in tools]
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    tail = f" {lark_text(after)}" if after else ""
+    return f"start: call{tail}\n{lark_json('call', schema)}"
+
+
+def named_arguments_grammar(tools: list[dict[str, Any]], head: str, tail: str) -> str:
+    """A grammar of `NAME` + `head` + the tool's arguments + `tail`, for one of `tools`."""
+    rules, alternatives = [], []
+    for i, tool in enumerate(tools):
+        closing = f" {lark_text(tail)}" if tail else ""
+        alternatives.append(f"{lark_text(tool['function']['name'] + head)} args{i}{closing}")
+        rules.append(lark_json(f"args{i}", arguments_schema(tool)))
+    return "\n".join([f"start: {' | '.join(alternatives)}", *rules])
+
 
 @dataclass(frozen=True)
 class ReasoningFormat:

@@ -11,7 +11,7 @@ A call is read when its `<｜tool▁call▁end｜>` arrives.
 
 from __future__ import annotations
 
-from proxy.parsers.base import BAD, MORE, Step, ToolFormat, arguments_call, tool_format
+from proxy.parsers.base import BAD, MORE, Step, ToolFormat, arguments_call, named_arguments_grammar, tool_format
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -44,3 +44,8 @@ class DeepSeek(ToolFormat):
     def forced_prefix(cls, name: str | None) -> str:
         head = f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}"
         return head if name is None else f"{head}{name}\n```json\n{{"
+
+    @classmethod
+    def call_grammar(cls, tools: list[dict]) -> tuple[str, str]:
+        head = f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}"
+        return head, named_arguments_grammar(tools, "\n```json\n", f"\n```{CALL_END}{CALLS_END}")

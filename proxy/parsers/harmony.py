@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from proxy.parsers.base import ToolFormat, arguments_call, tool_format
+from proxy.parsers.base import ToolFormat, arguments_call, named_arguments_grammar, tool_format
 from proxy.parsers.stream import Delta, held_back
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
@@ -39,6 +39,10 @@ class Harmony(ToolFormat):
         if name is None:
             return f"{CHANNEL}commentary to=functions."
         return f"{CHANNEL}commentary to=functions.{name} <|constrain|>json{MESSAGE}"
+
+    @classmethod
+    def call_grammar(cls, tools: list[dict]) -> tuple[str, str]:
+        return f"{CHANNEL}commentary to=functions.", named_arguments_grammar(tools, f" <|constrain|>json{MESSAGE}", "")
 
 
 class HarmonyStream:

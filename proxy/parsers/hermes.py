@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from proxy.parsers.base import BAD, MORE, Step, ToolFormat, json_object_at, named_call, tool_format
+from proxy.parsers.base import BAD, MORE, Step, ToolFormat, json_object_at, named_call, one_object_grammar, tool_format
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -66,3 +66,7 @@ class Hermes(ToolFormat):
         if name is None:
             return f'{OPEN}\n{{"name": "'
         return f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": {{'
+
+    @classmethod
+    def call_grammar(cls, tools: list[dict]) -> tuple[str, str]:
+        return f"{OPEN}\n", one_object_grammar(tools, "arguments", f"\n{CLOSE}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from proxy.parsers.base import BAD, MORE, Step, ToolFormat, json_object_at, named_call, tool_format
+from proxy.parsers.base import BAD, MORE, Step, ToolFormat, json_object_at, named_call, one_object_grammar, tool_format
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -54,3 +54,7 @@ class Llama3Json(ToolFormat):
         if name is None:
             return '{"name": "'
         return f'{{"name": {json.dumps(name)}, "parameters": {{'
+
+    @classmethod
+    def call_grammar(cls, tools: list[dict]) -> tuple[str, str]:
+        return "", one_object_grammar(tools, "parameters")

@@ -19,6 +19,7 @@ from proxy.parsers.base import (
     arguments_call,
     json_object_at,
     named_call,
+    one_object_grammar,
     tool_format,
 )
 
@@ -96,6 +97,10 @@ class Mistral(ToolFormat):
         if name is None:
             return f'{TOOL_CALLS}[{{"name": "'
         return f'{TOOL_CALLS}[{{"name": {json.dumps(name)}, "arguments": {{'
+
+    @classmethod
+    def call_grammar(cls, tools: list[dict]) -> tuple[str, str]:
+        return f"{TOOL_CALLS}[", one_object_grammar(tools, "arguments", "]")
 
 
 def _skip(text: str, i: int, chars: str) -> int:

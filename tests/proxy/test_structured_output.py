@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+from typing import Literal
 
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 PERSON = {
@@ -76,6 +78,25 @@ def test_json_object_mode_gives_a_json_object(client):
         else:
             assert choice.message.content.startswith("{")
     assert any(c.finish_reason == "stop" for c in r.choices)
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=20)
+    country: str = pydantic.Field(max_length=20)
+    population: int
+    kind: Literal["capital", "port", "village"]
+
+
+def test_the_clients_parse_helper_gets_its_pydantic_model(client):
+    r = client.chat.completions.parse(
+        model="m",
+        messages=[{"role": "user", "content": "Describe a city as JSON."}],
+        response_format=City,
+        temperature=1.0,
+        seed=11,
+        max_tokens=120,
+    )
+    assert isinstance(r.choices[0].message.parsed, City)
 
 
 def test_streamed_reply_validates(client):

@@ -4,7 +4,7 @@ Every backend (the embedded transformers engine, SGLang, vLLM) speaks this one
 interface, so the proxy never retokenizes: it renders the prompt itself, sends ids,
 and records exactly the ids the engine sampled together with the logprob of each
 under the distribution it was actually sampled from (temperature, top-p and top-k
-applied) and the weight version that produced it.
+applied, and a JSON schema's token mask) and the weight version that produced it.
 
 A generation is consumed as a stream of `StreamDelta`s; the last one carries the
 finish reason. `generate()` drains the stream into a `GenerationResult`.

@@ -8,9 +8,9 @@ and top-p filtering, renormalised — which is what an RL trainer must use as th
 behaviour policy. Greedy rows (T = 0) report the untempered model distribution.
 
 A row under structured output (`proxy/engines/grammar.py`) also has the tokens its grammar
-forbids masked to -inf first, before temperature and filtering; its logprobs are those of that
-masked, renormalised distribution, the one the token was truly drawn from (not the model's
-unconstrained distribution), and its top logprobs list only allowed tokens.
+forbids set to -inf, before top-k and top-p; its logprobs are those of that masked, renormalised
+distribution, the one the token was truly drawn from (not the model's unconstrained one), and
+its top logprobs list only tokens it could draw.
 """
 
 from __future__ import annotations

@@ -52,15 +52,20 @@ class ChatRequest:
             return set()
         return {t["function"]["name"] for t in self.tools}
 
-    def forced_prefix(self, fmt: type[ToolFormat]) -> str:
-        """Text the reply is made to start with, for `tool_choice` required or named, in the
-        served family's tool format."""
+    def required_call(self, fmt: type[ToolFormat], grammar: bool) -> tuple[str, str | None]:
+        """(prefix, grammar) for `tool_choice` required or named, in the served family's format:
+        the reply starts with `prefix`; with `grammar` (engines that can hold a reply to one) the
+        rest is one call of the chosen tool(s) with valid arguments, else the model completes
+        the opening itself. ("", None) when the reply need not be a call."""
         if not self.tools or self.tool_choice in ("auto", "none"):
-            return ""
-        if isinstance(self.tool_choice, dict) or len(self.tools) == 1:
-            chosen = self.tool_choice if isinstance(self.tool_choice, dict) else self.tools[0]
-            return fmt.forced_prefix(chosen["function"]["name"])
-        return fmt.forced_prefix(None)
+            return "", None
+        if isinstance(self.tool_choice, dict):
+            chosen = [t for t in self.tools if t["function"]["name"] == self.tool_choice["function"]["name"]]
+        else:
+            chosen = self.tools
+        if grammar:
+            return fmt.call_grammar(chosen)
+        return fmt.forced_prefix(chosen[0]["function"]["name"] if len(chosen) == 1 else None), None
 
     def reply_schema(self) -> str | None:
         """The schema the reply is held to: `json_schema`, unless the reply may be a tool call.

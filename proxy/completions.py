@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import secrets
 import time
 from array import array
@@ -31,7 +32,7 @@ from proxy.engines.base import (
     SamplingParams,
     StreamDelta,
 )
-from proxy.engines.grammar import schema_error
+from proxy.engines.grammar import lark_error, schema_error
 from proxy.errors import APIError, conflict, context_length, engine_unavailable, invalid_request, store_unavailable
 from proxy.parsers.stream import Delta
 from proxy.render import ParentTokens, Prompt, Renderer
@@ -42,6 +43,8 @@ from proxy.store.db import Database, StoreUnavailable
 from proxy.store.tokens import pack_floats, pack_ints
 from proxy.store.tree import Node, NodeCache, find_parent
 from proxy.store.turns import record_turn, turn_recorded
+
+log = logging.getLogger(__name__)
 
 OFF_LOOP_CHARS = 32_768
 """Requests with more text than this are rendered and tokenized on a worker thread."""
@@ -96,8 +99,10 @@ class CompletionService:
         db: Database,
         sessions_: SessionService,
         default_max_tokens: int,
+        call_grammars: bool = True,
     ) -> None:
         self.engine = engine
+        self.call_grammars = call_grammars and getattr(engine, "call_grammars", False)
         self.renderer = renderer
         self.db = db
         self.sessions = sessions_
@@ -118,7 +123,7 @@ class CompletionService:
                 num_messages=parent.num_messages,
                 ended_with_eos=parent.ended_with_eos,
             )
-        forced = request.forced_prefix(self.renderer.parsers.tool_format)
+        forced, call_grammar = self._required_call(request)
         render = partial(self.renderer.prompt, request.messages, request.tools, parent_tokens, forced)
         # Rendering and tokenizing a long conversation takes milliseconds per 10 KB: off the event
         # loop, which meanwhile streams every other client's tokens.
@@ -142,7 +147,7 @@ class CompletionService:
             prompt=prompt,
             segment=segment,
             hashes=hashes,
-            params=self._sampling(request, prompt.ids, session.seed if session else None),
+            params=self._sampling(request, prompt.ids, session.seed if session else None, call_grammar),
         )
 
     async def prepare_raw(
@@ -185,12 +190,26 @@ class CompletionService:
         """The length of the prompt `prepare` builds for `request` as a new root (no continuation of a
         parent): a client's token count. The caller is checked as for a model call; nothing is stored."""
         await self.sessions.for_model_call(caller)
-        forced = request.forced_prefix(self.renderer.parsers.tool_format)
+        forced, _ = self._required_call(request)
         render = partial(self.renderer.prompt, request.messages, request.tools, None, forced)
         prompt = await asyncio.to_thread(render) if request.text_size() > OFF_LOOP_CHARS else render()
         return len(prompt.ids)
 
-    def _sampling(self, request: ChatRequest, prompt_ids: list[int], session_seed: int | None) -> SamplingParams:
+    def _required_call(self, request: ChatRequest) -> tuple[str, str | None]:
+        """The reply's forced opening and grammar for `tool_choice` required or named. A tool whose
+        parameters schema llguidance cannot enforce (or an engine that takes no grammar, or
+        `[engine] tool_call_grammar = false`) gets the call's opening only: the model writes the
+        rest itself."""
+        fmt = self.renderer.parsers.tool_format
+        forced, call_grammar = request.required_call(fmt, self.call_grammars)
+        if call_grammar is not None and lark_error(call_grammar) is not None:
+            log.info("tool_choice not enforced by a grammar: %s", lark_error(call_grammar))
+            forced, call_grammar = request.required_call(fmt, False)
+        return forced, call_grammar
+
+    def _sampling(
+        self, request: ChatRequest, prompt_ids: list[int], session_seed: int | None, call_grammar: str | None = None
+    ) -> SamplingParams:
         prompt_len = len(prompt_ids)
         room = self.engine.info.max_context - prompt_len
         if room < 1:
@@ -220,6 +239,7 @@ class CompletionService:
             ignore_eos=request.ignore_eos,
             top_logprobs=request.top_logprobs if request.logprobs else 0,
             json_schema=reply_schema,
+            grammar=call_grammar,
         )
 
     # -- generate -------------------------------------------------------------------

@@ -79,8 +79,9 @@ class AppState:
             eos = self.engine.info.eos_token_ids
             self.renderer = Renderer(tokenizer, eos, template, e.tool_parser, e.reasoning_parser)
             log.info("reply parsers: tools %s, reasoning %s", *self.renderer.parsers.names)
+            default_max = self.cfg.proxy.default_max_tokens
             self.completions = CompletionService(
-                self.engine, self.renderer, self.db, self.sessions, self.cfg.proxy.default_max_tokens
+                self.engine, self.renderer, self.db, self.sessions, default_max, e.tool_call_grammar
             )
             self.ready.set()
             log.info("engine ready: %s (version %d)", self.served_name, self.engine.version)

@@ -51,6 +51,7 @@ class SamplingParams:
     ignore_eos: bool = False
     top_logprobs: int = 0  # how many alternatives per token to return (0..20)
     json_schema: str | None = None  # the reply must be JSON matching this schema (serialized); see grammar.py
+    grammar: str | None = None  # the reply must follow this llguidance Lark grammar (a required tool call)
 
     @property
     def greedy(self) -> bool:
@@ -100,6 +101,8 @@ def check_sampling(params: SamplingParams) -> None:
         raise InvalidSampling(f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
     if p.json_schema is not None and not isinstance(p.json_schema, str):
         raise InvalidSampling("json_schema must be a JSON schema serialized as a string", "response_format")
+    if p.grammar is not None and not isinstance(p.grammar, str):
+        raise InvalidSampling("grammar must be a Lark grammar as a string", "tool_choice")
 
 
 @dataclass

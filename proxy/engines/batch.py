@@ -349,13 +349,13 @@ class ContinuousBatch:
 
     def _allowed(self, reqs: list[Request], vocab: int) -> list[torch.Tensor | None] | None:
         """Each request's (V,) mask of the tokens its grammar allows next (None: no grammar)."""
-        if not any(r.params.json_schema for r in reqs):
+        if not any(r.params.json_schema or r.params.grammar for r in reqs):
             return None
         if self._grammars is None:
             self._grammars = Grammars(self._tokenizer, vocab, self._info.eos_token_ids)
         for r in reqs:
-            if r.params.json_schema and r.matcher is None:
-                r.matcher = self._grammars.matcher(r.params.json_schema)
+            if (r.params.json_schema or r.params.grammar) and r.matcher is None:
+                r.matcher = self._grammars.matcher(r.params.json_schema, r.params.grammar)
         return [r.matcher.allowed() if r.matcher is not None else None for r in reqs]
 
     def _sample_one(self, req: Request, logits: torch.Tensor) -> tuple[int, float, Any] | None:

@@ -66,6 +66,10 @@ class EngineConfig(Section):
     tool_parser: ToolParser = "auto"
     """How replies' tool calls are read: auto (from the chat template's markers) or a family's parser
     (see docs/model-families.md)."""
+    tool_call_grammar: bool = True
+    """`tool_choice` required or named holds the embedded engine's reply to one valid call in the
+    model's format (a grammar). false: the reply only starts with the call's opening and the model
+    writes the rest, malformed or not (sampled from its own distribution, as RL on the format needs)."""
     reasoning_parser: ReasoningParser = "auto"
     """How replies' reasoning is read: auto (`<think>` tags when the chat template has them), a
     family's parser, or none."""

@@ -54,6 +54,22 @@ def check_schema(schema: str) -> None:
         raise _unsupported(error)
 
 
+@lru_cache(maxsize=256)
+def lark_error(lark: str) -> str | None:
+    """What llguidance refuses in a Lark grammar (a required call's, built from the tools' schemas)."""
+    try:
+        grammar = LLMatcher.grammar_from_lark(lark)
+    except ValueError as exc:
+        return str(exc)
+    return LLMatcher.validate_grammar(grammar) or None
+
+
+def check_lark(lark: str) -> None:
+    error = lark_error(lark)
+    if error is not None:
+        raise InvalidSampling(f"tool_choice: a tool's parameters schema is not supported: {error}", "tools")
+
+
 def _unsupported(error: str) -> InvalidSampling:
     return InvalidSampling(f"response_format: the JSON schema is not supported: {error}", PARAM)
 
@@ -100,19 +116,26 @@ class Grammars:
         self._tokenizer: LLTokenizer = from_tokenizer(tokenizer, n_vocab=vocab, eos_token=list(eos_ids))
         self._vocab = vocab
         self._eos = eos_ids
-        self._compiled: OrderedDict[str, LLMatcher] = OrderedDict()
+        self._compiled: OrderedDict[tuple[str, str], LLMatcher] = OrderedDict()
 
-    def matcher(self, schema: str) -> Matcher:
-        """A fresh matcher for `schema`, compiled at most once while it stays among the recent."""
-        compiled = self._compiled.get(schema)
+    def matcher(self, schema: str | None = None, lark: str | None = None) -> Matcher:
+        """A fresh matcher for a JSON `schema` or a `lark` grammar, compiled at most once while it
+        stays among the recent."""
+        key = ("lark", lark) if lark is not None else ("json", schema)
+        compiled = self._compiled.get(key)
         if compiled is None:
-            check_schema(schema)
-            compiled = LLMatcher(self._tokenizer, LLMatcher.grammar_from_json_schema(schema), log_level=0)
+            if lark is not None:
+                check_lark(lark)
+                grammar = LLMatcher.grammar_from_lark(lark)
+            else:
+                check_schema(schema)
+                grammar = LLMatcher.grammar_from_json_schema(schema)
+            compiled = LLMatcher(self._tokenizer, grammar, log_level=0)
             if compiled.is_error():
                 raise _unsupported(compiled.get_error())
-            self._compiled[schema] = compiled
+            self._compiled[key] = compiled
             if len(self._compiled) > _COMPILED:
                 self._compiled.popitem(last=False)
         else:
-            self._compiled.move_to_end(schema)
+            self._compiled.move_to_end(key)
         return Matcher(compiled.deep_copy(), self._vocab, self._eos)

@@ -69,6 +69,8 @@ class _WeightUpdate:
 class LocalEngine:
     """Engine protocol implementation on an in-process transformers model."""
 
+    call_grammars = True  # holds a required tool call to its format by a grammar (SamplingParams.grammar)
+
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
         self._version = 0

@@ -1,6 +1,7 @@
 """Malformed model output never breaks a real client's run through a protocol error.
 
-The real model is steered (greedily) into three kinds of bad tool output:
+The real model is steered (greedily, on a server whose required calls are not held by a grammar:
+`engine.tool_call_grammar = false`) into three kinds of bad tool output:
 - broken tool JSON: the named tool is forced and `max_tokens` cuts the call short;
 - an unknown tool name: asked to call a tool that was not offered, with a call required;
 - text after a tool call: a valid call that the model keeps talking after.
@@ -24,6 +25,15 @@ from camel.agents import ChatAgent
 from adapters.camel import session_model
 from adapters.openai_agents import session_run_config
 from tests.adapters.conftest import add, assert_one_tree, episode_nodes, multiply
+from tests.conftest import run_server
+
+
+@pytest.fixture(scope="module")
+def free_proxy(tmp_path_factory):
+    """A server whose required tool calls are not held by a grammar: the model writes them itself."""
+    tmp = tmp_path_factory.mktemp("free-calls")
+    with run_server(tmp, f"sqlite:///{tmp}/areal.db", "--set", "engine.tool_call_grammar=false") as server:
+        yield server
 
 
 @dataclass
@@ -147,8 +157,8 @@ def tool_call_body(reply: str) -> str:
 
 
 @pytest.mark.parametrize("client", list(CLIENTS))
-def test_malformed_output_reaches_the_client_well_formed(sqlite_proxy, tokenizer, client):
-    proxy = sqlite_proxy
+def test_malformed_output_reaches_the_client_well_formed(free_proxy, tokenizer, client):
+    proxy = free_proxy
     sessions = {name: proxy.new_session(task_id=f"malformed-{client}-{name}") for name in CASES}
 
     async def episodes():

@@ -4,18 +4,20 @@ reasoning (chat, responses, messages; streamed and not), and a template that re-
 is recorded as a linked segment, each sequence exact.
 
 The default model does not speak these formats by itself; its output is steered into them the
-way a user would: `tool_choice` naming a tool starts the reply with the family's call opening
-(greedy decoding finishes the arguments), and DeepSeek-R1's template opens `<think>` in the
+way a user would: `tool_choice` naming a tool (or `required`) holds the reply to one call in the
+family's format by a grammar (greedy), and DeepSeek-R1's template opens `<think>` in the
 generation prompt (as Qwen3's thinking-2507 template does), so what the model writes is reasoning
 until it closes the block.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import anthropic
+import jsonschema
 import openai
 import pytest
 from transformers import AutoTokenizer
@@ -32,6 +34,14 @@ WEATHER = {
         "name": "get_weather",
         "description": "Current weather for a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time in a time zone.",
+        "parameters": {"type": "object", "properties": {"tz": {"enum": ["CET", "UTC"]}}, "required": ["tz"]},
     },
 }
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
@@ -60,10 +70,9 @@ def client(server) -> openai.OpenAI:
 
 def test_a_named_tool_call_comes_back_as_tool_calls(family):
     name, server = family
-    if name == "deepseek_r1":
-        pytest.skip("the default model does not close DeepSeek's call markers by itself")
-    for stream in (False, True):
-        kw = dict(model="m", messages=ASK, tools=[WEATHER], tool_choice=NAMED, max_tokens=40, temperature=0)
+    for stream, choice in ((False, NAMED), (True, NAMED), (False, "required")):
+        # DeepSeek's markers are many tokens each in the default vocabulary: room for them
+        kw = dict(model="m", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, max_tokens=200, temperature=0)
         if stream:
             calls: dict[int, dict] = {}
             finish = None
@@ -80,8 +89,10 @@ def test_a_named_tool_call_comes_back_as_tool_calls(family):
             r = client(server).chat.completions.create(**kw)
             finish = r.choices[0].finish_reason
             got = [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls or ()]
-        assert finish == "tool_calls" and [n for n, _ in got] == ["get_weather"], (name, stream, got)
-        assert isinstance(got[0][1], dict)
+        assert finish == "tool_calls" and len(got) == 1, (name, stream, got)
+        if choice == NAMED:
+            assert got[0][0] == "get_weather"
+        jsonschema.validate(got[0][1], {"get_weather": WEATHER, "get_time": TIME}[got[0][0]]["function"]["parameters"])
 
 
 def _reasoning_only(family):
@@ -165,3 +176,39 @@ def test_a_rewritten_history_is_a_linked_segment(family, tokenizer):
     child_full = child["prompt_ids"] + child["output_ids"]
     assert grandchild["prompt_ids"][: len(child_full)] == child_full
     assert "areal_history_rewrites_total 1" in server.get("/metrics").text
+
+
+def test_an_agents_sdk_agent_calls_its_tool_in_the_family_format(family):
+    """The OpenAI Agents SDK, its first call forced to the tool, on Qwen3's and Llama 3's formats."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool
+
+    name, server = family
+    if name not in ("qwen3", "llama3"):
+        pytest.skip("one Hermes-style and one JSON-style family")
+
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    session = server.new_session(task_id=f"agent-{name}")
+    client = openai.AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+    kind = OpenAIResponsesModel if name == "qwen3" else OpenAIChatCompletionsModel
+    agent = Agent(
+        name="calculator",
+        instructions="Use the add tool, then state the result.",
+        model=kind(model="m", openai_client=client),
+        tools=[function_tool(add)],
+        model_settings=ModelSettings(tool_choice="add", max_tokens=40, temperature=0),
+    )
+    result = asyncio.run(Runner.run(agent, "What is 7 plus 5?", max_turns=3))
+    calls = [i.raw_item for i in result.new_items if i.type == "tool_call_item"]
+    outputs = [i.output for i in result.new_items if i.type == "tool_call_output_item"]
+    assert calls and outputs, result.new_items
+    args = json.loads(calls[0].arguments)
+    assert outputs[0] == args["a"] + args["b"]  # the SDK ran the tool on the arguments the grammar held valid
+    nodes = sorted(server.session(session["session_id"])["completions"], key=lambda n: n["depth"])
+    assert len(nodes) == len(result.raw_responses) >= 2
+    for parent, child in zip(nodes, nodes[1:]):
+        assert child["parent_id"] == parent["id"]
+        full = parent["prompt_ids"] + parent["output_ids"]
+        assert (child["prompt_ids"] + child["output_ids"])[: len(full)] == full, "token-exact continuation"

@@ -122,6 +122,7 @@ class CompletionService:
                 full_ids=list(parent.full_ids),
                 num_messages=parent.num_messages,
                 ended_with_eos=parent.ended_with_eos,
+                reasoning=parent.reasoning,
             )
         forced, call_grammar = self._required_call(request)
         render = partial(self.renderer.prompt, request.messages, request.tools, parent_tokens, forced)
@@ -381,6 +382,7 @@ class CompletionService:
                         num_messages=num_messages + 1,
                         full_ids=full,
                         ended_with_eos=self.renderer.ends_with_eos(g.output_ids),
+                        reasoning=r.reply.reasoning or "",
                     ),
                 )
             )

@@ -9,6 +9,9 @@ to the system message and earlier tool calls / results are written in the same
 Continuation never retokenizes history: a child turn's prompt is the parent's
 exact prompt + sampled ids, then only the newly rendered text after the parent's
 reply — the template's end-of-turn glue plus the new messages — is tokenized.
+When the template renders the history differently from what was sampled (its
+earlier turns re-rendered, or the parent's sampled reasoning left out), the
+prompt is the template's whole rendering instead: a new token sequence.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class ParentTokens:
     full_ids: list[int]  # its prompt ids + sampled ids
     num_messages: int  # len(its request messages) + 1 (its reply)
     ended_with_eos: bool
+    reasoning: str = ""  # the reasoning its reply sampled
 
 
 @dataclass(frozen=True)
@@ -182,10 +186,12 @@ class Renderer:
         k = parent.num_messages
         upto_reply = self.render(messages[:k], tools, generation_prompt=False)
         if not full_text.startswith(upto_reply):
-            return None  # the template re-renders history differently: start a new root
+            return None  # the template re-renders history differently: a new token sequence
         reply_start = self.render(messages[: k - 1], tools, generation_prompt=True)
         region_start = len(reply_start) if upto_reply.startswith(reply_start) else 0
         region = upto_reply[region_start:]
+        if parent.reasoning.strip() and parent.reasoning.strip() not in region:
+            return None  # the template leaves out the reasoning the parent sampled (or the client dropped it)
         cut = -1
         for eos in self.eos_texts:
             cut = region.rfind(eos)

@@ -34,6 +34,7 @@ class Node:
     num_messages: int  # messages of its conversation, its reply included
     full_ids: array  # prompt + sampled ids
     ended_with_eos: bool
+    reasoning: str = ""  # the reasoning its reply sampled (continuation checks the template keeps it)
 
 
 class NodeCache:
@@ -107,6 +108,7 @@ def load_node(conn: Connection, completion_id: str, auto: bool, eos_ids: set[int
                 completions.c.prompt_ids,
                 completions.c.prompt_len,
                 completions.c.output_ids,
+                completions.c.response,
             ).where(completions.c.id == current)
         ).one()
         chain.append(row)
@@ -125,6 +127,7 @@ def load_node(conn: Connection, completion_id: str, auto: bool, eos_ids: set[int
         num_messages=int(node_row.request.get("num_messages", 0)) + 1,
         full_ids=full,
         ended_with_eos=bool(output) and output[-1] in eos_ids,
+        reasoning=(node_row.response or {}).get("reasoning_content") or "",
     )
 
 

@@ -83,13 +83,39 @@ def test_a_tool_turn_continues_token_exactly_through_the_result(tokenizer, famil
     # the client sends the call back with its result; the next prompt extends the sampled ids
     call_id = reply.tool_calls[0]["id"]
     messages += [reply.message(), {"role": "tool", "tool_call_id": call_id, "content": "Sunny, 21 degrees"}]
-    parent = ParentTokens(full_ids=first.ids + sampled, num_messages=3, ended_with_eos=True)
+    parent = ParentTokens(first.ids + sampled, 3, ended_with_eos=True, reasoning=reply.reasoning or "")
     second = r.prompt(messages, [WEATHER], parent)
+    if family == "deepseek_r1":  # its template never renders past reasoning: the sampled sequence is not the history
+        assert not second.parent_used
+        return
     assert second.parent_used, "the template re-rendered history: not a continuation"
     assert second.ids[: len(parent.full_ids)] == parent.full_ids
     text = r.tokenizer.decode(second.new_ids)
     full = r.render(messages, [WEATHER], generation_prompt=True)
     assert full.endswith(text) and "Sunny, 21 degrees" in text
+
+
+@pytest.mark.parametrize("echoed", [True, False], ids=["reasoning-echoed", "reasoning-dropped"])
+def test_a_thinking_tool_turn_continues_only_when_its_reasoning_is_in_the_history(tokenizer, echoed):
+    """Qwen3 keeps the reasoning of turns after the last user query, if the client sends it back
+    (the Agents SDK does not): without it, the rendered history is not the sampled sequence."""
+    r = renderer(tokenizer, "qwen3_thinking")
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    first = r.prompt(messages, [WEATHER], None)
+    assert first.reasoning_open
+    sampled = r.encode("Use the tool.\n</think>\n\n" + FAMILIES["qwen3"][2]) + [r.tokenizer.eos_token_id]
+    builder = ReplyBuilder(r.tokenizer, [], {"get_weather"}, "", r.parsers, True)
+    for t in sampled:
+        builder.feed([t])
+    _, reply = builder.finish("stop")
+    assert reply.reasoning == "Use the tool.\n" and reply.tool_calls
+    message = reply.message() if echoed else {k: v for k, v in reply.message().items() if k != "reasoning_content"}
+    result = {"role": "tool", "tool_call_id": reply.tool_calls[0]["id"], "content": "Sunny"}
+    parent = ParentTokens(first.ids + sampled, 2, ended_with_eos=True, reasoning=reply.reasoning)
+    second = r.prompt([*messages, message, result], [WEATHER], parent)
+    assert second.parent_used == echoed
+    if echoed:
+        assert second.ids[: len(parent.full_ids)] == parent.full_ids
 
 
 def test_qwen3_dropping_past_reasoning_is_detected(tokenizer):

@@ -34,6 +34,7 @@ from proxy.engines.base import (
 )
 from proxy.engines.grammar import lark_error, schema_error
 from proxy.errors import APIError, conflict, context_length, engine_unavailable, invalid_request, store_unavailable
+from proxy.parsers import Parsers
 from proxy.parsers.stream import Delta
 from proxy.render import ParentTokens, Prompt, Renderer
 from proxy.reply import Reply, ReplyBuilder
@@ -255,7 +256,8 @@ class CompletionService:
             request.stop,
             request.tool_names,
             turn.prompt.forced_prefix,
-            self.renderer.parsers,
+            # a legacy completion's text is the model's raw continuation: no reasoning or call parsing
+            self.renderer.parsers if turn.raw_prompt is None else Parsers.default(),
             turn.prompt.reasoning_open,
         )
         result = GenerationResult()

@@ -31,6 +31,7 @@ def session_payload(session: Any, rows: list[Any]) -> dict[str, Any]:
                 "created_at": r.created_at,
                 "messages": messages[r.id],
                 "tools": r.request.get("tools") or [],
+                **({"prompt": r.request["prompt"]} if "prompt" in r.request else {}),
                 "sampling": r.request.get("sampling") or {},
                 "response": r.response,
                 "finish_reason": r.finish_reason,

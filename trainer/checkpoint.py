@@ -17,6 +17,7 @@ import os
 import pickle
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -81,13 +82,19 @@ def save(
     state: TrainerState,
     keep: int = 2,
     tokenizer: Any = None,
+    write_model: Callable[[Path], None] | None = None,
 ) -> Path:
+    """Write checkpoint `step_{state.step}`: the model by `write_model(folder)` when given (a LoRA
+    policy's adapter and merged model, `trainer/policy.py`), else `model.save_pretrained`."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{state.step:07d}"
     tmp = root / f"{TMP_PREFIX}{state.step:07d}_{os.getpid()}"
     _remove_stale_tmp(root)
-    model.save_pretrained(tmp, safe_serialization=True)
+    if write_model is not None:
+        write_model(tmp)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None:  # a checkpoint is a servable model: `areal-proxy serve --model <checkpoint>`
         tokenizer.save_pretrained(tmp)
     torch.save({"optimizer": optimizer.state_dict(), "rng": _rng_state()}, tmp / "trainer.pt")

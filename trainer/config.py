@@ -70,6 +70,9 @@ class LossConfig(Section):
 
 
 class OptimConfig(Section):
+    name: Literal["adamw", "adamw_8bit"] = "adamw"
+    """Optimizer: AdamW with float32 state, or AdamW with 8-bit state (torchao's; a quarter of the state's
+    memory, for models whose optimizer state would not fit)."""
     lr: float = 2e-5
     """AdamW learning rate (the peak, under `[trainer.schedule]`)."""
     betas: tuple[float, float] = (0.9, 0.999)
@@ -78,6 +81,37 @@ class OptimConfig(Section):
     """AdamW weight decay."""
     grad_clip: float = 1.0
     """Gradient norm clip (0 disables)."""
+
+
+class LoraConfig(Section):
+    """Low-rank adapters (LoRA, with peft): only the adapters train; the base weights stay frozen. A weight push
+    sends the adapter alone, checkpoints hold it (servable on its own with the base) and the merged model."""
+
+    rank: int = Field(default=16, ge=1, le=1024)
+    """Rank of each adapter."""
+    alpha: float = Field(default=32.0, gt=0)
+    """Scale numerator: an adapter's update is (alpha / rank) · B A."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapters' input during training."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Names of the linear layers that get adapters (module name suffixes; ["all-linear"]: every linear layer
+    but the LM head)."""
+    save_merged: bool = True
+    """Checkpoints also hold the merged model, servable with `areal-proxy serve --model <checkpoint>`; off: the
+    adapter alone (for models whose full copy per checkpoint costs too much disk)."""
+
+
+class MemoryConfig(Section):
+    """What a step holds in memory: activations, and how batches are cut to fit."""
+
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward instead of keeping them (about a third more
+    compute for activations of one layer instead of all)."""
+    microbatch_gb: float = Field(default=0.0, ge=0)
+    """Memory budget of one forward/backward in GiB: microbatches are sized from an estimate of their
+    activation memory under this budget (and still under `batch.tokens_per_microbatch`); 0: tokens only."""
 
 
 class ScheduleConfig(Section):
@@ -137,7 +171,8 @@ class TrainerConfig(Section):
     device: Device = "cpu"
     """Device of the trainer."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Master weights dtype."""
+    """Parameter dtype. bfloat16 keeps float32 optimizer state and a float32 master copy of the trained
+    weights inside the optimizer, so small updates are not rounded away."""
     autocast_bf16: bool = False
     """Run forward/backward under bfloat16 autocast."""
     max_staleness: int = 1
@@ -173,6 +208,13 @@ class TrainerConfig(Section):
     """The learning rate over the run (`trainer/schedule.py`)."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     """Checkpoints under run_dir/checkpoints."""
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    """Activation memory: gradient checkpointing, microbatches sized from a memory estimate."""
+    lora: Strategy[LoraConfig] = None
+    """Present: train low-rank adapters instead of every weight (off when absent or false)."""
+    processes: int = Field(default=1, ge=1, le=1024)
+    """Trainer processes (torch.distributed + FSDP2: parameters, gradients and optimizer state sharded across
+    them; gloo on CPU, NCCL on CUDA, HCCL on NPU). One claims each batch and scatters it."""
     pods: Strategy[PodsConfig] = None
     """Present: train only the most varied sessions of each group (off when absent or false)."""
     unsolved: Strategy[UnsolvedConfig] = None

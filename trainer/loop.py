@@ -23,12 +23,12 @@ from typing import Any
 import torch
 
 from proxy.config import Config
-from proxy.runtime.devices import DTYPES, model_load_options, select_device, warn_if_emulated_bf16
+from proxy.runtime.devices import DTYPES, select_device, warn_if_emulated_bf16
 from proxy.runtime.model_files import resolve_model
 from proxy.store.claims import claim_batch, end_step, mark_skipped, release_after, settle_through
 from proxy.store.db import Database
 from proxy.store.samples import SessionSamples, load_samples
-from trainer import audit, checkpoint
+from trainer import audit, checkpoint, policy
 from trainer.batch import build_samples, pack
 from trainer.metrics import MetricsSink, StallWatch
 from trainer.schedule import lr_factor, progress
@@ -92,8 +92,8 @@ class Trainer:
         self.claiming = claim_policy(self.tcfg)
         self.state = checkpoint.TrainerState()
         self.stopping = False
+        self.policy: policy.Policy | None = None
         self.model: Any = None
-        self.ref_model: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.pad_id = 0
         self.tokenizer: Any = None
@@ -103,35 +103,25 @@ class Trainer:
 
     # -- setup ----------------------------------------------------------------------
     def setup(self) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         torch.manual_seed(self.tcfg.seed)
         source = self.tcfg.model or self.cfg.engine.model
         base = resolve_model(source, self.cfg.engine.cache_dir)
         resume = checkpoint.latest(self.run_dir)
-        dtype = torch.bfloat16 if self.tcfg.dtype == "bfloat16" else torch.float32
         warn_if_emulated_bf16(
-            self.device, dtype == torch.bfloat16 or self.tcfg.autocast_bf16, "trainer.dtype / trainer.autocast_bf16"
+            self.device,
+            self.tcfg.dtype == "bfloat16" or self.tcfg.autocast_bf16,
+            "trainer.dtype / trainer.autocast_bf16",
         )
-        options = model_load_options(self.device)
-        self.model = AutoModelForCausalLM.from_pretrained(resume or base, dtype=dtype, **options).to(self.device)
-        self.model.eval()
+        self.policy = policy.build(self.cfg, self.device, str(base), resume)
+        self.model, self.optimizer = self.policy.model, self.policy.optimizer
         n = torch.get_num_threads()
         threads = f", {n} CPU thread{'s' if n != 1 else ''}" if self.device.type == "cpu" else ""
         log.info("training %s on %s (%s%s)", resume or base, self.device, self.tcfg.dtype, threads)
         tokenizer = AutoTokenizer.from_pretrained(base)
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        o = self.tcfg.optim
-        # The fused kernel updates every tensor in one pass (on 2 CPU cores: 0.05 s a step for this
-        # 135M model instead of 0.4 s); torch has it for CPU and CUDA, not for NPU.
-        fused = True if self.device.type in ("cpu", "cuda") else None
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, fused=fused
-        )
-        if self.tcfg.loss.kl_coef > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, **options).to(self.device).eval()
-            self.ref_model.requires_grad_(False)
         if resume is not None:
             self.state = checkpoint.load_state(resume, self.optimizer)
             released = self.db.transaction(lambda c: release_after(c, self.state.step))
@@ -195,9 +185,7 @@ class Trainer:
                 log.warning("step %d failed part-way; its partial update is not checkpointed", self.state.step + 1)
             elif self.state.step > 0 and self.optimizer is not None:
                 self.state.elapsed_s = self._elapsed()
-                checkpoint.save(
-                    self.run_dir, self.model, self.optimizer, self.state, self.tcfg.checkpoint.keep, self.tokenizer
-                )
+                self._save()
             self.metrics.close()
             self.db.close()
             self.sync.discard()
@@ -254,9 +242,7 @@ class Trainer:
         self.db.transaction(lambda c: end_step(c, step))
         if step % self.tcfg.checkpoint.every == 0:
             self.state.elapsed_s = self._elapsed()
-            checkpoint.save(
-                self.run_dir, self.model, self.optimizer, self.state, self.tcfg.checkpoint.keep, self.tokenizer
-            )
+            self._save()
         warning = self.stall.update(len(samples), [x.reward for x in sessions])
         self._log(
             step,
@@ -292,10 +278,21 @@ class Trainer:
                     self.tcfg,
                     self.device,
                     self.state.version,
-                    self.ref_model,
+                    self.policy.reference,
                     keep_proximal=b.epochs > 1,
                 )
         return result
+
+    def _save(self) -> None:
+        checkpoint.save(
+            self.run_dir,
+            self.model,
+            self.optimizer,
+            self.state,
+            self.tcfg.checkpoint.keep,
+            self.tokenizer,
+            write_model=self.policy.save_model,
+        )
 
     def _audit(self, entry: dict[str, Any]) -> None:
         """Append-only record of which sessions each step trained on (and of resumes)."""

@@ -22,6 +22,7 @@ from trainer.batch import PrefixGroup
 from trainer.config import TrainerConfig
 from trainer.head import head_logprobs
 from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate
+from trainer.policy import Reference
 
 # A common start of the groups' prefixes at least this long runs once for the whole pass.
 MIN_SHARED_PREFIX = 8
@@ -198,7 +199,7 @@ def train_step(
     cfg: TrainerConfig,
     device: torch.device,
     version: int,
-    ref_model: Any = None,
+    reference: Reference | None = None,
     keep_proximal: bool = False,
 ) -> StepResult:
     """One optimizer step over `batches`. With `keep_proximal`, the proximal logprobs a group is
@@ -217,8 +218,8 @@ def train_step(
         if not lcfg.entropy_coef:
             entropies = [e.detach() for e in entropies]  # logged only
         refs: list[torch.Tensor | None] = [None] * len(chunk)
-        if ref_model is not None and lcfg.kl_coef > 0:
-            with torch.no_grad(), autocast:
+        if reference is not None and lcfg.kl_coef > 0:
+            with torch.no_grad(), autocast, reference.active() as ref_model:
                 refs = list(group_logprobs(ref_model, chunk, device)[0])
         losses = []
         for mb, logp, ent, ref in zip(chunk, logps, entropies, refs):

@@ -127,7 +127,7 @@ class Trainer:
             released = self.db.transaction(lambda c: release_after(c, self.state.step))
             self.db.transaction(lambda c: settle_through(c, self.state.step))
             version = max(self.state.version, self.sync.engine_version()) + 1
-            self.sync.push(self.model, version)
+            self.sync.push(self.policy, version)
             self.state.version = version
             log.info("resumed from %s (step %d); %d sessions handed back", resume.name, self.state.step, released)
             self._audit({"resume_from": self.state.step, "handed_back": released})
@@ -237,7 +237,7 @@ class Trainer:
         self.state.sessions_trained += len(train_on)
         push_s = 0.0
         if result is not None and step % self.tcfg.weight_sync_every == 0:
-            push_s = self.sync.push(self.model, self.state.version + 1)
+            push_s = self.sync.push(self.policy, self.state.version + 1)
             self.state.version += 1
         self.db.transaction(lambda c: end_step(c, step))
         if step % self.tcfg.checkpoint.every == 0:

@@ -43,6 +43,15 @@ def write_weights(model: Any, target: Path, dtype: torch.dtype | None = None) ->
     tmp.rename(target)
 
 
+def write_adapter(peft_model: Any, target: Path) -> None:
+    """The adapter alone, as peft writes it (the engines' LoRA loaders read this), under `target`."""
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    peft_model.save_pretrained(tmp, safe_serialization=True)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+
+
 def _as(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
@@ -98,14 +107,19 @@ class WeightSync:
         r.raise_for_status()
         return int(r.json()["version"])
 
-    def push(self, model: Any, version: int) -> float:
-        """Save and load `version`; returns the seconds it took."""
+    def push(self, policy: Any, version: int) -> float:
+        """Save and load `version` of `policy` (a `trainer.policy.Policy`, or a bare model); returns the
+        seconds it took. A LoRA policy pushes its adapter alone (adapter_config.json +
+        adapter_model.safetensors), which each engine applies onto its base weights."""
         started = time.perf_counter()
         if SHM_ROOT.resolve() in self.root.resolve().parents:
             private_dir(SHM_ROOT)
         private_dir(self.root)
         target = self.root / f"v{version:07d}"
-        write_weights(model, target, self.dtype)
+        if getattr(policy, "is_lora", False):
+            write_adapter(policy.peft_model, target)
+        else:
+            write_weights(getattr(policy, "model", policy), target, self.dtype)
         for attempt in range(5):
             try:
                 r = httpx.post(

@@ -116,7 +116,8 @@ class WeightSync:
             private_dir(SHM_ROOT)
         private_dir(self.root)
         target = self.root / f"v{version:07d}"
-        if getattr(policy, "is_lora", False):
+        adapter = bool(getattr(policy, "is_lora", False))
+        if adapter:
             write_adapter(policy.peft_model, target)
         else:
             write_weights(getattr(policy, "model", policy), target, self.dtype)
@@ -124,7 +125,7 @@ class WeightSync:
             try:
                 r = httpx.post(
                     f"{self.proxy_url}/weights",
-                    json={"path": str(target.resolve()), "version": version},
+                    json={"path": str(target.resolve()), "version": version, "adapter": adapter},
                     headers=self.headers,
                     timeout=self.timeout_s,
                 )

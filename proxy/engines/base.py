@@ -189,11 +189,12 @@ class Engine(Protocol):
         """
         ...
 
-    async def update_weights(self, path: str, version: int) -> None:
+    async def update_weights(self, path: str, version: int, adapter: bool = False) -> None:
         """Load safetensors weights from `path` between decode steps; set `version`.
 
         In-flight requests are not dropped: tokens sampled after the swap carry the
-        new version.
+        new version. With `adapter`, `path` is a LoRA adapter folder (peft's) applied onto the
+        base weights: merged by the embedded engine, loaded by name on SGLang and vLLM.
         """
 
     async def health(self) -> dict[str, Any]:

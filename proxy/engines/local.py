@@ -43,6 +43,7 @@ from proxy.engines.batch import ContinuousBatch, Request
 from proxy.engines.config import EngineConfig
 from proxy.engines.lean import FastForward
 from proxy.engines.prefix_cache import BLOCK
+from proxy.runtime.adapters import Adapter, load_adapter, merge
 from proxy.runtime.devices import (
     DTYPES,
     DeviceUnavailable,
@@ -64,6 +65,7 @@ class _WeightUpdate:
     version: int
     done: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    adapter: Adapter | None = None  # a LoRA adapter to merge into the base weights instead of `state`
 
 
 class LocalEngine:
@@ -77,6 +79,7 @@ class LocalEngine:
         self._info: ModelInfo | None = None
         self.model: Any = None
         self.tokenizer: Any = None
+        self._base_weights: dict[str, torch.Tensor] = {}  # adapted weights before any LoRA merge
         self._device = torch.device("cpu")
         self._waiting: deque[Request] = deque()
         self._updates: deque[_WeightUpdate] = deque()
@@ -193,7 +196,13 @@ class LocalEngine:
         finally:
             req.cancelled = True  # consumer gone (client disconnect): free the row
 
-    async def update_weights(self, path: str, version: int) -> None:
+    async def update_weights(self, path: str, version: int, adapter: bool = False) -> None:
+        """Load full weights, or with `adapter` a LoRA adapter merged into the base weights (the ones
+        loaded at start or by the last full update), between two decode steps."""
+        if adapter:
+            lora = await asyncio.to_thread(load_adapter, path)
+            await self._between_steps(None, version, lora)
+            return
         state = await asyncio.to_thread(load_weights_file, path)
         await self._between_steps(state, version)
 
@@ -221,11 +230,13 @@ class LocalEngine:
     def in_flight(self) -> int:
         return self._batch.alive_count() + len(self._waiting)
 
-    async def _between_steps(self, state: dict[str, torch.Tensor] | None, version: int) -> None:
+    async def _between_steps(
+        self, state: dict[str, torch.Tensor] | None, version: int, adapter: Adapter | None = None
+    ) -> None:
         if self._thread is None or not self._thread.is_alive():
             raise EngineUnavailable(f"local engine is not running: {self._error!r}")
         loop = asyncio.get_running_loop()
-        update = _WeightUpdate(state=state, version=version, done=loop.create_future(), loop=loop)
+        update = _WeightUpdate(state=state, version=version, done=loop.create_future(), loop=loop, adapter=adapter)
         with self._wake:
             if self._closed:
                 raise EngineUnavailable(f"local engine is not running: {self._error!r}")
@@ -385,12 +396,16 @@ class LocalEngine:
     def _apply_updates(self) -> None:
         while self._updates:
             update = self._updates.popleft()
-            if update.state is None:
+            if update.state is None and update.adapter is None:
                 update.loop.call_soon_threadsafe(_resolve, update.done, None)
                 continue
             try:
-                check_fits(self.model.state_dict(), update.state)  # before loading: no half-applied update
-                self.model.load_state_dict(update.state, strict=False)
+                if update.adapter is not None:
+                    self._merge_adapter(update.adapter)
+                else:
+                    check_fits(self.model.state_dict(), update.state)  # before loading: no half-applied update
+                    self.model.load_state_dict(update.state, strict=False)
+                    self._base_weights.clear()  # these are the new base for later adapters
                 if self._fast is not None:
                     self._fast.refresh()
                 self._version = update.version
@@ -399,6 +414,18 @@ class LocalEngine:
             except Exception as exc:  # report to the caller; the old weights stay in place
                 result = exc
             update.loop.call_soon_threadsafe(_resolve, update.done, result)
+
+    def _merge_adapter(self, adapter: Adapter) -> None:
+        """Merge `adapter` into the base weights, copying each adapted base weight the first time (so
+        every later adapter merges onto the same base, not onto the previous merge)."""
+        params = self.model.state_dict()
+        for key in adapter.pairs:
+            if key not in self._base_weights and key in params:
+                self._base_weights[key] = params[key].detach().clone()
+        merged = merge(self._base_weights, adapter)  # raises before anything is loaded
+        with torch.no_grad():
+            for key, value in merged.items():
+                params[key].copy_(value)
 
 
 _FAULTS_PER_MINUTE = 5  # more step faults than this within a minute stop the engine

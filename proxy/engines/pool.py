@@ -292,6 +292,15 @@ async def post_json(client: aiohttp.ClientSession, url: str, body: Any = None, *
     return answer_json(raw, url)
 
 
+async def post_ok(client: aiohttp.ClientSession, url: str, body: Any = None) -> str:
+    """POST and return the answer's text, for routes that answer a success in words (vLLM's LoRA
+    routes); errors as engine errors."""
+    with http_errors(url):
+        async with client.post(url, json=body) as response:
+            await raise_for_status(response)
+            return (await response.read()).decode(errors="replace")
+
+
 async def get_json(client: aiohttp.ClientSession, url: str) -> Any:
     with http_errors(url):
         async with client.get(url) as response:

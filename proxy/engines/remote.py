@@ -56,6 +56,7 @@ class ServedModel:
     weight_version: Any = None  # the server's weight-version label; None when it reports none
     served_id: str | None = None  # the id requests name the model by, where the protocol wants one
     context: int | None = None  # the context length, where this answer says it
+    merges_adapters: bool = False  # takes a LoRA adapter folder as a weight update (`areal-proxy engine`)
 
 
 class Decoder(Protocol):
@@ -104,6 +105,8 @@ class RemoteEngine(ABC):
         self._client: aiohttp.ClientSession | None = None
         self._info: ModelInfo | None = None
         self._update_lock = asyncio.Lock()
+        self.merges_adapters = False  # every server merges adapters sent as weight updates
+        self.adapters: list[tuple[str, int]] = []  # LoRA adapters loaded on the servers (name, version), newest last
 
     @property
     def version(self) -> int:
@@ -133,17 +136,25 @@ class RemoteEngine(ABC):
 
     @abstractmethod
     def _build_request(
-        self, input_ids: list[int], params: SamplingParams, request_id: str, *, stream: bool
+        self, input_ids: list[int], params: SamplingParams, request_id: str, *, stream: bool, adapter: str | None
     ) -> dict[str, Any]:
-        """The body posted to `generate_route`."""
+        """The body posted to `generate_route`; with `adapter`, one asking for that loaded LoRA adapter."""
 
     @abstractmethod
-    def _new_decoder(self, top_logprobs: int) -> Decoder:
-        """A decoder for one generation's answer."""
+    def _new_decoder(self, top_logprobs: int, versions: WeightVersions) -> Decoder:
+        """A decoder for one generation's answer, its tokens' versions read through `versions`."""
 
     @abstractmethod
     async def _update_server(self, server: Server, path: str, version: int) -> None:
         """Load the weights at `path` on `server` as `version` without dropping what is in flight."""
+
+    @abstractmethod
+    async def _load_adapter(self, server: Server, name: str, path: str) -> None:
+        """Load the LoRA adapter at `path` on `server` under `name` (requests then name it)."""
+
+    @abstractmethod
+    async def _unload_adapter(self, server: Server, name: str) -> None:
+        """Unload adapter `name` from `server`."""
 
     # ---- the engine ----
 
@@ -159,6 +170,7 @@ class RemoteEngine(ABC):
             self._versions.to_int(model.weight_version)
         server, first = found[0]
         self.model_id = first.served_id
+        self.merges_adapters = all(m.merges_adapters for _, m in found)
         served, kv_limit = await self._served_context(server, first)
         self._info = await resolve_model_info(list(first.names), self.cfg.model, served, kv_limit)
 
@@ -181,12 +193,18 @@ class RemoteEngine(ABC):
     ) -> AsyncIterator[StreamDelta]:
         check_sampling(params)  # what no server could take is refused here, before any server is tried
         streamed = incremental or self.always_streams
-        payload = orjson.dumps(self._build_request(input_ids, params, request_id, stream=streamed))
+        # A request sampled with an adapter is sampled with it to the end: every token has its version.
+        adapter = self.adapters[-1] if self.adapters else None
+        versions = FixedVersion(adapter[1]) if adapter else self._versions
+        body = self._build_request(
+            input_ids, params, request_id, stream=streamed, adapter=adapter[0] if adapter else None
+        )
+        payload = orjson.dumps(body)
         client = self._http
 
         async def open_stream(server: Server) -> AsyncIterator[StreamDelta]:
             url = server.url + self.generate_route
-            decoder = self._new_decoder(params.top_logprobs)
+            decoder = self._new_decoder(params.top_logprobs, versions)
             if not streamed:  # one JSON answer: cheaper than SSE when nobody watches tokens arrive
                 yield one_answer(decoder, await post_json(client, url, data=payload, headers=JSON_HEADERS), url)
                 return
@@ -208,11 +226,33 @@ class RemoteEngine(ABC):
 
         return self.pool.stream(affinity, open_stream)
 
-    async def update_weights(self, path: str, version: int) -> None:
+    async def update_weights(self, path: str, version: int, adapter: bool = False) -> None:
         """Update every live server concurrently (updates queue behind one another); a server that
-        fails leaves rotation."""
+        fails leaves rotation.
+
+        With `adapter`, `path` is a LoRA adapter: it is loaded on every server under the name
+        `areal-v{version}`, new requests name it, and adapters older than the previous one are
+        unloaded (the previous one may still be finishing requests). A full update ends adapter use.
+        Servers that merge adapters into their weights (`areal-proxy engine`) get the adapter as a
+        weight update instead, their per-token versions exact as for full weights."""
         async with self._update_lock:
-            await self.pool.on_each_live(lambda s: self._update(s, path, version), "weight update")
+            if not adapter or self.merges_adapters:
+                await self.pool.on_each_live(lambda s: self._update(s, path, version), "weight update")
+                self.adapters.clear()
+                return
+            name = f"{ADAPTER_PREFIX}{version}"
+            await self.pool.on_each_live(lambda s: self._load_adapter(s, name, path), "adapter load")
+            self.adapters.append((name, version))
+            self._versions.set(name, version)
+            while len(self.adapters) > 2:
+                old, _ = self.adapters.pop(0)
+                await self.pool.on_each_live(lambda s, old=old: self._unload_quietly(s, old), "adapter unload")
+
+    async def _unload_quietly(self, server: Server, name: str) -> None:
+        try:
+            await self._unload_adapter(server, name)
+        except (ServerError, EngineRequestError) as exc:  # still in use, or the server restarted
+            log.warning("could not unload adapter %s from %s: %s", name, server.url, exc)
 
     async def _update(self, server: Server, path: str, version: int) -> None:
         await self._update_server(server, path, version)
@@ -227,6 +267,23 @@ class RemoteEngine(ABC):
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+ADAPTER_PREFIX = "areal-v"
+
+
+class FixedVersion(WeightVersions):
+    """Every token is of one version: a request sampled with one LoRA adapter from start to end."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__()
+        self.current = version
+
+    def to_int(self, label: Any) -> int:
+        return self.current
+
+    def per_token(self, spans: Any, label: Any, start: int, count: int) -> list[int]:
+        return [self.current] * count
 
 
 FALLBACK_CONTEXT = 4096  # when neither the server nor the model config names a context length

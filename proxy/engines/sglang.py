@@ -40,7 +40,7 @@ from proxy.engines.remote import RemoteEngine, ServedModel, one_answer, sampling
 
 
 def build_generate_request(
-    input_ids: list[int], params: SamplingParams, request_id: str, *, stream: bool = True
+    input_ids: list[int], params: SamplingParams, request_id: str, *, stream: bool = True, adapter: str | None = None
 ) -> dict[str, Any]:
     """The `/generate` body; `sampling_params` keys must be ones SGLang knows (it rejects others)."""
     sampling: dict[str, Any] = {
@@ -52,7 +52,7 @@ def build_generate_request(
         sampling["sampling_seed"] = params.seed
     if params.json_schema is not None:
         sampling["json_schema"] = params.json_schema  # a string: SGLang parses it itself
-    return {
+    body = {
         "input_ids": list(input_ids),
         "sampling_params": sampling,
         "return_logprob": True,
@@ -62,6 +62,9 @@ def build_generate_request(
         "rid": request_id,
         "stream": stream,
     }
+    if adapter is not None:
+        body["lora_path"] = adapter  # the name it was loaded under (`/load_lora_adapter`)
+    return body
 
 
 def parse_finish(reason: Any, last_token: int | None) -> tuple[FinishReason, int | str | None, str | None]:
@@ -178,7 +181,11 @@ class SGLangEngine(RemoteEngine):
     async def _read_model(self, server: Server) -> ServedModel:
         answer = await self._model_info(server)
         names = (answer.get("model_path"), answer.get("tokenizer_path"))
-        return ServedModel(names=names, weight_version=answer.get("weight_version"))
+        return ServedModel(
+            names=names,
+            weight_version=answer.get("weight_version"),
+            merges_adapters=answer.get("merges_lora_adapters") is True,
+        )
 
     async def _model_info(self, server: Server) -> dict[str, Any]:
         """`GET /model_info`, or `/get_model_info` on servers older than 0.5."""
@@ -214,12 +221,22 @@ class SGLangEngine(RemoteEngine):
         return (context if isinstance(context, int) else None), (kv_limit if isinstance(kv_limit, int) else None)
 
     def _build_request(
-        self, input_ids: list[int], params: SamplingParams, request_id: str, *, stream: bool
+        self, input_ids: list[int], params: SamplingParams, request_id: str, *, stream: bool, adapter: str | None
     ) -> dict[str, Any]:
-        return build_generate_request(input_ids, params, request_id, stream=stream)
+        return build_generate_request(input_ids, params, request_id, stream=stream, adapter=adapter)
 
-    def _new_decoder(self, top_logprobs: int) -> StreamDecoder:
-        return StreamDecoder(self._versions, top_logprobs=top_logprobs)
+    def _new_decoder(self, top_logprobs: int, versions: WeightVersions) -> StreamDecoder:
+        return StreamDecoder(versions, top_logprobs=top_logprobs)
+
+    async def _load_adapter(self, server: Server, name: str, path: str) -> None:
+        """`POST /load_lora_adapter` (the server runs with `--enable-lora` and a `--max-lora-rank` at least
+        the trainer's rank)."""
+        answer = await post_json(self._http, server.url + "/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        if isinstance(answer, dict) and answer.get("success") is False:
+            raise EngineRequestError(f"{server.url} refused adapter {name}: {answer.get('error_message')}")
+
+    async def _unload_adapter(self, server: Server, name: str) -> None:
+        await post_json(self._http, server.url + "/unload_lora_adapter", {"lora_name": name})
 
     async def _update_server(self, server: Server, path: str, version: int) -> None:
         if await self._server_version(server) >= version:

@@ -28,7 +28,7 @@ import json
 from typing import Any
 
 from proxy.engines.base import EngineRequestError, FinishReason, SamplingParams, StreamDelta
-from proxy.engines.pool import Server, ServerError, WeightVersions, error_from_body, get_json, post_json
+from proxy.engines.pool import Server, ServerError, WeightVersions, error_from_body, get_json, post_json, post_ok
 from proxy.engines.remote import RemoteEngine, ServedModel, one_answer, sampling_fields
 
 TOKEN_ID_PREFIX = "token_id:"
@@ -180,12 +180,21 @@ class VLLMEngine(RemoteEngine):
         return answer.get("weight_version") if isinstance(answer, dict) else None
 
     def _build_request(
-        self, input_ids: list[int], params: SamplingParams, request_id: str, *, stream: bool
+        self, input_ids: list[int], params: SamplingParams, request_id: str, *, stream: bool, adapter: str | None
     ) -> dict[str, Any]:
-        return build_completion_request(input_ids, params, request_id, self.model_id, stream=stream)
+        # A loaded LoRA adapter is served as a model of its own name.
+        return build_completion_request(input_ids, params, request_id, adapter or self.model_id, stream=stream)
 
-    def _new_decoder(self, top_logprobs: int) -> CompletionDecoder:
-        return CompletionDecoder(self._versions, top_logprobs=top_logprobs)
+    def _new_decoder(self, top_logprobs: int, versions: WeightVersions) -> CompletionDecoder:
+        return CompletionDecoder(versions, top_logprobs=top_logprobs)
+
+    async def _load_adapter(self, server: Server, name: str, path: str) -> None:
+        """`POST /v1/load_lora_adapter` (the server runs with `--enable-lora`, a `--max-lora-rank` at least the
+        trainer's rank, and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`)."""
+        await post_ok(self._http, server.url + "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    async def _unload_adapter(self, server: Server, name: str) -> None:
+        await post_ok(self._http, server.url + "/v1/unload_lora_adapter", {"lora_name": name})
 
     async def _update_server(self, server: Server, path: str, version: int) -> None:
         base = server.url

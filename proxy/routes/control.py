@@ -153,7 +153,7 @@ async def weights(body: Weights, _: Admin, state: State) -> Response:
         raise conflict(f"version {body.version} is older than the engine's version {current}", "version")
     if body.version > current:
         try:
-            await state.engine.update_weights(body.path, body.version)
+            await state.engine.update_weights(body.path, body.version, adapter=body.adapter)
         except (FileNotFoundError, ValueError, KeyError) as exc:
             raise invalid_request(f"could not load weights: {exc}", "path") from None
         state.metrics.inc("areal_weight_updates_total")

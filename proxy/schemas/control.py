@@ -57,6 +57,9 @@ class Weights(Wire):
     path: Annotated[str, Field(min_length=1, max_length=4096)]
     """A safetensors file or a directory holding the new weights."""
     version: Annotated[int, Field(ge=0, le=2**53 - 1)]
+    adapter: bool = False
+    """`path` is a LoRA adapter (peft's adapter_config.json + adapter_model.safetensors) to apply onto the
+    base weights, as a trainer with [trainer.lora] pushes."""
 
 
 class SessionList(Wire):

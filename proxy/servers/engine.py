@@ -36,6 +36,7 @@ from proxy.engines.base import EngineRequestError, EngineUnavailable, SamplingPa
 from proxy.engines.local import LocalEngine
 from proxy.errors import APIError
 from proxy.routes.common import JsonRoute
+from proxy.runtime.adapters import is_adapter
 from proxy.schemas.common import validation_error
 from proxy.schemas.engine import GenerateRequest, PauseGeneration, SGLangSampling, UpdateWeights
 from proxy.sessions import bearer
@@ -268,6 +269,9 @@ class EngineServer:
             "has_audio_understanding": False,
             "reasoning_parser": None,
             "tool_call_parser": None,
+            # Not SGLang's: a LoRA adapter folder given to /update_weights_from_disk is merged into the
+            # weights (per-token versions stay exact), so a proxy sends adapters there.
+            "merges_lora_adapters": True,
         }
 
     def server_info(self) -> dict[str, Any]:
@@ -289,7 +293,8 @@ class EngineServer:
             held = self.engine.in_flight if self.engine.paused else 0
             version = self.to_version(body.weight_version)
             try:
-                await self.engine.update_weights(body.model_path, version)
+                adapter = is_adapter(body.model_path)
+                await self.engine.update_weights(body.model_path, version, adapter=adapter)
             except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
                 message = f"Failed to update weights: {exc}. The previous weights stay loaded."
                 return {"success": False, "message": message, "num_paused_requests": held}, 400

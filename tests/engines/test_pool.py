@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from proxy.engines.base import EngineRequestError, EngineUnavailable, SamplingParams, StreamDelta, generate
 from proxy.engines.config import EngineConfig
@@ -363,6 +363,16 @@ def canned_sglang(calls: list, model_dir: str, *, broken: bool = False) -> FastA
         calls.append(("continue_generation", await request.json()))
         return {"message": "Generation continued successfully.", "status": "ok"}
 
+    @app.post("/load_lora_adapter")
+    async def load_lora(request: Request):
+        calls.append(("load_lora_adapter", await request.json()))
+        return {"success": True, "error_message": "", "loaded_adapters": {}}
+
+    @app.post("/unload_lora_adapter")
+    async def unload_lora(request: Request):
+        calls.append(("unload_lora_adapter", await request.json()))
+        return {"success": True, "error_message": "", "loaded_adapters": {}}
+
     return app
 
 
@@ -578,6 +588,16 @@ def canned_vllm(calls: list, model_dir: str) -> FastAPI:
     async def resume(request: Request):
         await record(request, "resume")
         return {"status": "resumed"}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora(request: Request):
+        body = await record(request, "load_lora_adapter")
+        return PlainTextResponse(f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora(request: Request):
+        body = await record(request, "unload_lora_adapter")
+        return PlainTextResponse(f"Success: LoRA adapter '{body['lora_name']}' removed successfully.")
 
     return app
 

@@ -7,6 +7,9 @@
    final weights, and writes the curve (PNG) and a markdown table.
 
     python benchmarks/learning_arithmetic.py --minutes 30 --out examples/arithmetic
+    python benchmarks/learning_arithmetic.py --minutes 30 --lora --out docs/experiments/lora   # LoRA adapters
+
+The trainer process's peak resident memory (VmHWM) is recorded too, for comparing settings.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples" / "arithmetic"))
@@ -28,7 +32,30 @@ from evaluate import evaluate  # noqa: E402
 from proxy.sections import DEVICES  # noqa: E402
 from trainer.launch.processes import start_process  # noqa: E402
 
-SKIP = ("trainer.pt", "trainer_state.json")  # optimizer state is not needed to evaluate
+SKIP = ("trainer.pt", "trainer_state.json", "adapter")  # optimizer state and the adapter are not needed to evaluate
+LORA = "{rank = 16, alpha = 32.0}"
+LORA_LR = 2e-4  # LoRA's best learning rate is about 10x full fine-tuning's (Schulman et al., "LoRA Without Regret")
+
+
+def trainer_peak_rss(proc: Any, peak: float) -> float:
+    """The largest peak RSS (VmHWM, GiB) of `proc`'s trainer descendants seen so far."""
+    import psutil
+
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        return peak
+    for child in children:
+        try:
+            if "trainer.loop" not in " ".join(child.cmdline()):
+                continue
+            status = Path(f"/proc/{child.pid}/status").read_text()
+        except (psutil.Error, OSError):
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                peak = max(peak, int(line.split()[1]) / 2**20)
+    return peak  # optimizer state is not needed to evaluate
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:
@@ -91,6 +118,11 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--device", choices=DEVICES, default="cpu", help="engine and trainer device (evaluations too)")
     parser.add_argument(
+        "--lora",
+        action="store_true",
+        help=f"train LoRA adapters ([trainer.lora] {LORA}, lr {LORA_LR} unless --set trainer.optim.lr=...)",
+    )
+    parser.add_argument(
         "--final-samples",
         type=int,
         default=10,
@@ -122,9 +154,15 @@ def main() -> None:
         "--device",
         args.device,
     ]
-    for o in args.overrides:
+    overrides = list(args.overrides)
+    if args.lora:
+        overrides.insert(0, f"trainer.lora={LORA}")
+        if not any(o.startswith("trainer.optim.lr=") for o in overrides):
+            overrides.insert(1, f"trainer.optim.lr={LORA_LR}")
+    for o in overrides:
         cmd += ["--set", o]
     started = time.time()
+    peak_gib = 0.0
     proc = start_process(cmd, run_dir / "train.out", cwd=REPO, env={"HF_HUB_OFFLINE": "1"})
     taken = []
     next_snap = args.snapshot_minutes
@@ -134,7 +172,9 @@ def main() -> None:
             if s:
                 taken.append(s)
             next_snap += args.snapshot_minutes
+        peak_gib = trainer_peak_rss(proc, peak_gib)
         time.sleep(5)
+    peak_gib = trainer_peak_rss(proc, peak_gib)
     proc.send_signal(signal.SIGINT)
     proc.wait(600)
     final = snapshot(run_dir, snaps, round((time.time() - started) / 60, 1))
@@ -150,7 +190,11 @@ def main() -> None:
         evals[-1][f"add_correct_mean_of_{args.final_samples}"] = repeated["sampled_add_correct"]
         evals[-1][f"sub_correct_mean_of_{args.final_samples}"] = repeated["sampled_sub_correct"]
         print(json.dumps(evals[-1]), flush=True)
-    (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))
+    (run_dir / "evals.json").write_text(
+        json.dumps(
+            {"lora": args.lora, "overrides": overrides, "trainer_peak_rss_gib": peak_gib, "evals": evals}, indent=2
+        )
+    )
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -165,6 +209,8 @@ def main() -> None:
             f"| {e['minute']:.1f} | {e['step']} | {e['sampled']:.1%} | {e['greedy']:.1%} | "
             f"{e['sampled_add_correct']:.0f} | {e['sampled_sub_correct']:.0f} |"
         )
+    rows.append("")
+    rows.append(f"trainer peak RSS: {peak_gib:.2f} GiB; settings: {' '.join(overrides) or 'the config as is'}")
     table = "\n".join(rows)
     (out / "results.md").write_text(table + "\n")
     print(table)

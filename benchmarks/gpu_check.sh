@@ -10,16 +10,18 @@
 #    API), sends many concurrent /generate requests (ignore_eos, fixed length) and reports
 #    generation tokens/s; then loads perturbed weights with /update_weights_from_disk and checks
 #    that the new version is reported per token.
-# 3. Trains: forward + backward + AdamW step under bf16 autocast with fp32 master weights, in plain
-#    torch (the project's trainer package is being written separately; this measures the same
-#    model and device), and reports training tokens/s and peak memory.
+# 3. Trains with the project's trainer step (trainer/step.py on trainer/policy.py's model): bf16
+#    autocast with fp32 master weights, a GRPO group of TRAIN_BATCH answers to one prompt, full
+#    fine-tune and LoRA (rank 16, every linear layer); step time and peak memory of each.
+# 4. Runs the arithmetic example (`areal-proxy train examples/arithmetic/config.toml --device cuda`)
+#    for --arith-minutes (3) with the default model: steps done and rewards.
 # Results are printed as JSON and written to $OUT/gpu_check.json when $OUT is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; fi
-exec timeout 570 "$PY" - "$@" <<'PYTHON'
+exec timeout 590 "$PY" - "$@" <<'PYTHON'
 import argparse
 import asyncio
 import json
@@ -42,6 +44,7 @@ parser.add_argument("--requests", type=int, help="concurrent generation requests
 parser.add_argument("--new-tokens", type=int, help="tokens generated per request")
 parser.add_argument("--train-batch", type=int, help="sequences per training step")
 parser.add_argument("--train-len", type=int, help="tokens per training sequence")
+parser.add_argument("--arith-minutes", type=float, default=3.0, help="minutes of the arithmetic example's loop")
 args = parser.parse_args()
 
 DEVICE = "cpu" if args.cpu else "cuda"
@@ -181,42 +184,83 @@ def weight_update(url: str, model_dir: Path, work: Path) -> dict:
     return {"seconds": round(seconds, 2), "version_after": meta["weight_version"]}
 
 
-def train_phase(config) -> None:
-    """Forward + backward + AdamW on the same architecture: plain torch, bf16 autocast, fp32 master."""
-    from transformers import LlamaForCausalLM
+def synthetic_groups(vocab: int, pad_id: int = 0) -> list:
+    """TRAIN_BATCH answers of TRAIN_LEN // 2 tokens to one shared TRAIN_LEN // 2 prompt: a GRPO group."""
+    from trainer.batch import Sample, pack
 
+    gen = torch.Generator().manual_seed(2)
+    p, o = TRAIN_LEN // 2, TRAIN_LEN - TRAIN_LEN // 2
+    prompt = torch.randint(3, vocab, (p,), generator=gen).tolist()
+    samples = []
+    for i in range(TRAIN_BATCH):
+        answer = torch.randint(3, vocab, (o,), generator=gen).tolist()
+        adv = 1.0 if i % 2 else -1.0
+        samples.append(Sample(prompt + answer, [0] * p + [1] * o, [0.0] * p + [-2.0] * o, [-1] * p + [0] * o,
+                              [0.0] * p + [adv] * o, 1.0))
+    return pack(samples, 1 << 20, pad_id)
+
+
+def train_phase(model_dir: Path, lora: bool) -> dict:
+    """The project's trainer step (trainer.step.train_step on trainer.policy.build's model): bf16 autocast,
+    fp32 master weights; with `lora`, rank-16 adapters on every linear layer. Peak memory per setting."""
+    from proxy.config import Config
+    from trainer import policy
+    from trainer.config import LoraConfig, TrainerConfig
+    from trainer.step import train_step
+
+    tcfg = TrainerConfig(device=DEVICE, autocast_bf16=DEVICE == "cuda", lora=LoraConfig(rank=16) if lora else None)
+    tcfg.batch.tokens_per_microbatch = 1 << 20
+    cfg = Config(trainer=tcfg)
+    device = torch.device(DEVICE)
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
-    with torch.device(DEVICE):
-        model = LlamaForCausalLM(config)
-    model.train()
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=DEVICE == "cuda")
-    gen = torch.Generator(device=DEVICE).manual_seed(2)
-    batch = torch.randint(3, config.vocab_size, (TRAIN_BATCH, TRAIN_LEN), device=DEVICE, generator=gen)
+    pol = policy.build(cfg, device, str(model_dir), None)
+    groups = synthetic_groups(pol.model.config.vocab_size)
 
     def step() -> float:
-        with torch.autocast(DEVICE, dtype=torch.bfloat16):
-            loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-        return loss.item()  # syncs the device
+        r = train_step(pol.model, pol.optimizer, groups, tcfg, device, 0, pol.reference)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        return r.loss
 
-    first = step()  # warm-up: allocator, kernels, optimizer state
-    if DEVICE == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+    step()  # warm-up: allocator, kernels, optimizer state
     t0 = time.perf_counter()
-    losses = [step() for _ in range(TRAIN_STEPS)]
+    for _ in range(TRAIN_STEPS):
+        step()
     wall = time.perf_counter() - t0
-    assert all(torch.isfinite(torch.tensor(losses))), losses
-    results["training"] = {
-        "batch": TRAIN_BATCH, "seq_len": TRAIN_LEN, "steps": TRAIN_STEPS, "seconds": round(wall, 2),
-        "training_tokens_per_s": round(TRAIN_BATCH * TRAIN_LEN * TRAIN_STEPS / wall, 1),
-        "loss_first": round(first, 4), "loss_last": round(losses[-1], 4),
+    out = {
+        "lora": lora, "rows": TRAIN_BATCH, "seq_len": TRAIN_LEN, "steps": TRAIN_STEPS,
+        "step_s": round(wall / TRAIN_STEPS, 3),
+        "trained_tokens_per_s": round(TRAIN_BATCH * (TRAIN_LEN - TRAIN_LEN // 2) * TRAIN_STEPS / wall, 1),
+        "trainable_m": round(sum(p.numel() for p in pol.trainable) / 1e6, 2),
     }
     if DEVICE == "cuda":
-        results["training"]["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    log(f"training: {results['training']}")
+        out["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    del pol
+    log(f"training: {out}")
+    return out
+
+
+def arithmetic_phase(minutes: float, work: Path) -> dict:
+    """`areal-proxy train examples/arithmetic/config.toml` on DEVICE for `minutes`: steps and rewards."""
+    run = work / "arith"
+    cmd = [sys.executable, "-m", "proxy.cli", "train", "examples/arithmetic/config.toml", "--device", DEVICE,
+           "--set", f"trainer.run_dir={run}", "--set", f"store.url=sqlite:///{run}/areal.db",
+           "--set", f"trainer.max_minutes={minutes}"]
+    logfile = Path(os.environ.get("OUT") or work) / "arithmetic.log"
+    log("starting " + " ".join(cmd[2:]))
+    with open(logfile, "w") as out:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                              timeout=60 * minutes + 240)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x] if (
+        run / "metrics.jsonl").is_file() else []
+    steps = [r for r in rows if "reward_mean" in r]
+    return {"returncode": proc.returncode, "minutes": minutes, "steps": len(steps),
+            "reward_first": steps[0]["reward_mean"] if steps else None,
+            "reward_last": steps[-1]["reward_mean"] if steps else None,
+            "train_s_mean": round(sum(r["train_s"] for r in steps) / max(len(steps), 1), 2)}
 
 
 def main() -> None:
@@ -232,7 +276,10 @@ def main() -> None:
         engine_phase(model_dir, work)
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-        train_phase(config)
+        results["training"] = [train_phase(model_dir, lora=False), train_phase(model_dir, lora=True)]
+        if not args.tiny:
+            results["arithmetic"] = arithmetic_phase(args.arith_minutes, work)
+            log(f"arithmetic: {results['arithmetic']}")
     results["total_s"] = round(time.perf_counter() - t0, 1)
     text = json.dumps(results, indent=2)
     print(text)

@@ -8,7 +8,7 @@ process, one after the other:
 - `merge_s`: `proxy.runtime.adapters.merge` of a rank-R adapter on every linear layer, plus copying the
   result into the model (what `LocalEngine._merge_adapter` does), median of 5;
 - decode tokens/s of the same Hugging Face model with the adapter merged and unmerged (peft's layers),
-  greedy, `--batch` rows × `--new-tokens` tokens, median of 3;
+  greedy, `--batch` rows × `--new-tokens` tokens, median of 5 interleaved runs;
 - from them, after how many decoded tokens the unmerged overhead exceeds one merge.
 
     python benchmarks/lora_apply.py [--rank 16] [--batch 8] [--new-tokens 64] [--json out.json]
@@ -28,16 +28,23 @@ import torch
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def decode_tokens_per_s(model, batch: int, new_tokens: int, repeats: int = 3) -> float:
+def decode_rates(models: dict, batch: int, new_tokens: int, repeats: int = 5) -> dict[str, float]:
+    """Median decode tokens/s of each model, the models' runs interleaved so that a busy machine slows
+    them alike."""
     ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646] for _ in range(batch)])
-    rates = []
+    mask = torch.ones_like(ids)
+    rates: dict[str, list[float]] = {name: [] for name in models}
     with torch.no_grad():
-        model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)  # warm-up
+        for model in models.values():  # warm-up
+            model.generate(ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False)
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-            rates.append(batch * new_tokens / (time.perf_counter() - t0))
-    return statistics.median(rates)
+            for name, model in models.items():
+                t0 = time.perf_counter()
+                model.generate(
+                    ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+                )
+                rates[name].append(batch * new_tokens / (time.perf_counter() - t0))
+    return {name: statistics.median(r) for name, r in rates.items()}
 
 
 def main() -> None:
@@ -83,8 +90,8 @@ def main() -> None:
         merges.append(time.perf_counter() - t0)
     merge_s = statistics.median(merges)
 
-    merged_rate = decode_tokens_per_s(base, args.batch, args.new_tokens)
-    unmerged_rate = decode_tokens_per_s(lora, args.batch, args.new_tokens)
+    rates = decode_rates({"merged": base, "unmerged": lora}, args.batch, args.new_tokens)
+    merged_rate, unmerged_rate = rates["merged"], rates["unmerged"]
     per_token_overhead = 1 / unmerged_rate - 1 / merged_rate
     result = {
         "model": str(path),

@@ -110,3 +110,25 @@ def head_logprobs(
     with torch.autocast(hidden.device.type, enabled=False):
         logp, ent = _HeadLogprobs.apply(hidden, weight, bias, targets, inv_temp.float(), dtype, entropy)
     return logp, (ent if entropy else None)
+
+
+def plain_logprobs(
+    hidden: torch.Tensor,  # (N, H)
+    weight: torch.Tensor,  # (V, H)
+    bias: torch.Tensor | None,  # (V,)
+    targets: torch.Tensor,  # (N,) long
+    inv_temp: torch.Tensor | None = None,  # (N,)
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`head_logprobs` the plain way, through the full (N, V) float32 logits and their log_softmax (which
+    autograd keeps for the backward): the reference the chunked path is tested against, and the
+    "unchunked" row of `benchmarks/trainer_memory.py`."""
+    z = hidden @ weight.t()
+    if bias is not None:
+        z = z + bias
+    z = z.float()
+    if inv_temp is not None:
+        z = z * inv_temp.float()[:, None]
+    logp = torch.log_softmax(z, -1)  # (N, V)
+    ent = -(logp.exp() * logp).sum(-1) if entropy else None
+    return logp.gather(1, targets[:, None]).squeeze(1), ent

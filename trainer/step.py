@@ -41,41 +41,39 @@ def _expanded(cache: DynamicCache, rows: int) -> list[tuple[torch.Tensor, torch.
     return [(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1)) for layer in cache.layers]
 
 
-def group_logprobs(
-    model: Any, groups: list[PrefixGroup], device: torch.device, entropy: bool = False
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """log π(token) for every continuation position of each prefix group, (G, O) each, zero off the
-    mask; with `entropy`, also the policy's entropy at those positions (same shapes), else [].
+def checkpointed(model: Any) -> bool:
+    """Whether the next forward recomputes its layers in the backward (Hugging Face gradient
+    checkpointing, on in training with gradients): its layers then drop any cache they are given."""
+    return bool(getattr(model, "is_activation_checkpointing", False)) and model.training and torch.is_grad_enabled()
 
-    The groups of one microbatch run as two batched forwards: their prefixes, right-padded to
-    the longest, then all their continuations on top of the prefix KV (each continuation row
-    gets its own group's keys and values, and an attention mask that hides the prefix padding).
-    A prefix still runs once however many continuations share it, and the start all the prefixes
-    have in common (a system prompt, tool schemas, few-shot turns; at least MIN_SHARED_PREFIX
-    tokens) runs once, as a third forward before the prefixes' own tails; gradients from every
-    continuation flow back into both. Batching the groups turns many small matmuls into a few
-    larger ones, and the vocabulary-sized operations (the embedding lookup, the LM head over
-    target positions, and the tied embedding's gradient) happen once per microbatch.
-    """
-    k = len(groups)
-    p_len = torch.tensor([g.prefix.shape[0] for g in groups], device=device)
-    rows = torch.tensor([g.continuation.shape[0] for g in groups], device=device)
-    p_max = int(p_len.max())
-    o_max = max(g.continuation.shape[1] for g in groups)
-    pad = 0  # any id: padded positions are masked out of attention and of the loss
-    prefix = torch.full((k, p_max), pad, dtype=torch.long)
-    cont = torch.full((int(rows.sum()), o_max), pad, dtype=torch.long)
-    sel = torch.zeros(cont.shape, dtype=torch.bool)
-    temps = torch.ones(cont.shape[0])
-    r = 0
-    for i, g in enumerate(groups):
-        n, o = g.continuation.shape
-        prefix[i, : g.prefix.shape[0]] = g.prefix
-        cont[r : r + n, :o] = g.continuation
-        sel[r : r + n, :o] = g.loss_mask
-        temps[r : r + n] = g.temperature
-        r += n
-    prefix, cont, sel, temps = prefix.to(device), cont.to(device), sel.to(device), temps.to(device)
+
+def _full_sequence_hidden(
+    model: Any, prefix: torch.Tensor, p_len: torch.Tensor, cont: torch.Tensor, owner: torch.Tensor
+) -> torch.Tensor:
+    """(R, O, H): each continuation row run as one sequence, its group's prefix then the row, with no
+    cache, so Hugging Face's checkpointed layers can replay it in the backward. Rows are right-padded
+    (prefix padding moved past the row's end), which causal attention never sees: no mask needed.
+    Each row pays for its prefix again; only one layer's activations are kept at a time."""
+    device = cont.device
+    r, o_max = cont.shape
+    p_max = prefix.shape[1]
+    rows_p = p_len[owner]  # (R,)
+    ids = torch.zeros(r, p_max + o_max, dtype=torch.long, device=device)  # (R, L)
+    ids[:, :p_max] = prefix[owner]  # its padding is overwritten by the row or lies past its end
+    ids.scatter_(1, rows_p[:, None] + torch.arange(o_max, device=device)[None], cont)
+    out = model.base_model(input_ids=ids, use_cache=False).last_hidden_state  # (R, L, H)
+    at = (rows_p - 1)[:, None] + torch.arange(o_max, device=device)[None]  # position j predicts cont[:, j]
+    return out.gather(1, at[..., None].expand(-1, -1, out.shape[-1]))
+
+
+def _prefix_shared_hidden(
+    model: Any, prefix: torch.Tensor, p_len: torch.Tensor, cont: torch.Tensor, owner: torch.Tensor
+) -> torch.Tensor:
+    """(R, O, H): the prefixes once each (their common start once for all) into a KV cache, then
+    every continuation row on top of its group's keys and values."""
+    device = cont.device
+    k, p_max = prefix.shape
+    o_max = cont.shape[1]
     ragged = bool((p_len < p_max).any())
     prefix_mask = torch.arange(p_max, device=device)[None] < p_len[:, None]  # (K, P)
 
@@ -98,7 +96,6 @@ def group_logprobs(
         use_cache=True,
     )
     head = out.last_hidden_state[torch.arange(k, device=device), p_len - 1 - shared]  # (K, H): predicts cont[:, 0]
-    owner = torch.repeat_interleave(torch.arange(k, device=device), rows)  # (R,) group of each row
     if k == 1:
         layers = _expanded(cache, cont.shape[0])
     else:
@@ -114,7 +111,52 @@ def group_logprobs(
         cache=DynamicCache(ddp_cache_data=layers),
         use_cache=True,
     ).last_hidden_state  # (R, O, H)
-    hidden = torch.cat([head[owner][:, None], body[:, :-1]], dim=1)  # position j predicts cont[:, j]
+    return torch.cat([head[owner][:, None], body[:, :-1]], dim=1)  # position j predicts cont[:, j]
+
+
+def group_logprobs(
+    model: Any, groups: list[PrefixGroup], device: torch.device, entropy: bool = False
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """log π(token) for every continuation position of each prefix group, (G, O) each, zero off the
+    mask; with `entropy`, also the policy's entropy at those positions (same shapes), else [].
+
+    The groups of one microbatch run as two batched forwards: their prefixes, right-padded to
+    the longest, then all their continuations on top of the prefix KV (each continuation row
+    gets its own group's keys and values, and an attention mask that hides the prefix padding).
+    A prefix still runs once however many continuations share it, and the start all the prefixes
+    have in common (a system prompt, tool schemas, few-shot turns; at least MIN_SHARED_PREFIX
+    tokens) runs once, as a third forward before the prefixes' own tails; gradients from every
+    continuation flow back into both. Batching the groups turns many small matmuls into a few
+    larger ones, and the vocabulary-sized operations (the embedding lookup, the LM head over
+    target positions, and the tied embedding's gradient) happen once per microbatch.
+
+    Under gradient checkpointing (`checkpointed(model)`) the layers cannot take a cache, so each
+    row runs instead as one full sequence, prefix included (`_full_sequence_hidden`).
+    """
+    k = len(groups)
+    p_len = torch.tensor([g.prefix.shape[0] for g in groups], device=device)
+    rows = torch.tensor([g.continuation.shape[0] for g in groups], device=device)
+    p_max = int(p_len.max())
+    o_max = max(g.continuation.shape[1] for g in groups)
+    pad = 0  # any id: padded positions are masked out of attention and of the loss
+    prefix = torch.full((k, p_max), pad, dtype=torch.long)
+    cont = torch.full((int(rows.sum()), o_max), pad, dtype=torch.long)
+    sel = torch.zeros(cont.shape, dtype=torch.bool)
+    temps = torch.ones(cont.shape[0])
+    r = 0
+    for i, g in enumerate(groups):
+        n, o = g.continuation.shape
+        prefix[i, : g.prefix.shape[0]] = g.prefix
+        cont[r : r + n, :o] = g.continuation
+        sel[r : r + n, :o] = g.loss_mask
+        temps[r : r + n] = g.temperature
+        r += n
+    prefix, cont, sel, temps = prefix.to(device), cont.to(device), sel.to(device), temps.to(device)
+    owner = torch.repeat_interleave(torch.arange(k, device=device), rows)  # (R,) group of each row
+    if checkpointed(model):
+        hidden = _full_sequence_hidden(model, prefix, p_len, cont, owner)
+    else:
+        hidden = _prefix_shared_hidden(model, prefix, p_len, cont, owner)
     inv_temp = (1.0 / temps)[:, None].expand_as(sel)[sel]  # (N,)
     lm_head = model.get_output_embeddings()
     logp, ent = head_logprobs(hidden[sel], lm_head.weight, lm_head.bias, cont[sel], inv_temp, entropy)

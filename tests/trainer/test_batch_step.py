@@ -325,3 +325,33 @@ def test_the_config_chooses_the_selectors_in_their_order():
     with pytest.raises(ConfigError, match=r"trainer.pods.keep 1 leaves every group fewer than two rewards"):
         load_config(None, ["trainer.pods.keep=1"])
     assert load_config(None, ["trainer.pods.keep=4"]).trainer.pods.keep == 4
+
+
+@pytest.mark.parametrize("samples", [SHARED, RAGGED], ids=["shared-start", "ragged"])
+def test_gradient_checkpointing_gives_the_same_step(tiny, samples, monkeypatch):
+    """With checkpointing each row runs as one full sequence (the layers take no cache) and every
+    layer runs again in the backward; the step's gradients and updated weights are the same."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    seen: list[tuple[int, int]] = []  # (rows, positions) of every MLP call, recomputes included
+    forward = LlamaMLP.forward
+    monkeypatch.setattr(LlamaMLP, "forward", lambda self, x: seen.append(tuple(x.shape[:2])) or forward(self, x))
+    cfg = TrainerConfig(loss={"agg": "token_mean"}, optim={"grad_clip": 0})
+    models, calls = [], []
+    for ckpt in (False, True):
+        model = copy.deepcopy(tiny)
+        if ckpt:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        groups = pack(samples, tokens_per_microbatch=1000, pad_id=0)
+        seen.clear()
+        train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), groups, cfg, torch.device("cpu"), version=0)
+        models.append(model)
+        calls.append(list(seen))
+    plain, ckpt = models
+    rows, longest = len(samples), max(len(s.input_ids) for s in samples)
+    assert all(c[0] == rows and c[1] >= longest - 1 for c in calls[1]), "full sequences, every row"
+    assert len(calls[1]) == 2 * 2, "each of the 2 layers once forward, once replayed in the backward"
+    assert all(c[1] < longest - 1 for c in calls[0]), "without: prefixes, then continuations on their cache"
+    for (name, a), b in zip(plain.named_parameters(), ckpt.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5, msg=name)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)

@@ -132,6 +132,8 @@ def build(cfg: Any, device: torch.device, base: str, resume: Path | None) -> Pol
     if lora is not None:
         peft_model = _with_adapters(model, lora, resume)
         model = peft_model.get_base_model()  # the same modules, adapters injected
+    if tcfg.memory.gradient_checkpointing:  # `group_logprobs` then runs full sequences (no cache)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model.eval()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(trainable, tcfg.optim, device)

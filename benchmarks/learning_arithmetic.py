@@ -15,19 +15,17 @@ The trainer process's peak resident memory (VmHWM) is recorded too, for comparin
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples" / "arithmetic"))
-from evaluate import evaluate  # noqa: E402
 
 from proxy.sections import DEVICES  # noqa: E402
 from trainer.launch.processes import start_process  # noqa: E402
@@ -56,6 +54,17 @@ def trainer_peak_rss(proc: Any, peak: float) -> float:
             if line.startswith("VmHWM:"):
                 peak = max(peak, int(line.split()[1]) / 2**20)
     return peak  # optimizer state is not needed to evaluate
+
+
+def evaluate(model: str, samples: int = 1, device: str = "cpu") -> dict:
+    """examples/arithmetic/evaluate.py in a process of its own: its engine's memory is given back when it
+    ends, instead of staying in this process beside the run (two runs side by side were OOM-killed so)."""
+    script = REPO / "examples" / "arithmetic" / "evaluate.py"
+    cmd = [sys.executable, str(script), "--model", model, "--samples", str(samples), "--device", device]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"evaluating {model} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:
@@ -123,6 +132,9 @@ def main() -> None:
         help=f"train LoRA adapters ([trainer.lora] {LORA}, lr {LORA_LR} unless --set trainer.optim.lr=...)",
     )
     parser.add_argument(
+        "--skip-eval", action="store_true", help="no held-out evaluations: the run's steps and peak memory only"
+    )
+    parser.add_argument(
         "--final-samples",
         type=int,
         default=10,
@@ -136,8 +148,9 @@ def main() -> None:
     snaps = run_dir / "snapshots"
     snaps.mkdir(parents=True)
     print("evaluating the untrained model ...", flush=True)
-    evals = [{"minute": 0.0, "step": 0, **asyncio.run(evaluate(DEFAULT_MODEL, device=args.device))}]
-    print(json.dumps(evals[-1]), flush=True)
+    evals = [] if args.skip_eval else [{"minute": 0.0, "step": 0, **evaluate(DEFAULT_MODEL, device=args.device)}]
+    if evals:
+        print(json.dumps(evals[-1]), flush=True)
 
     cmd = [
         sys.executable,
@@ -180,12 +193,12 @@ def main() -> None:
     final = snapshot(run_dir, snaps, round((time.time() - started) / 60, 1))
     if final:
         taken.append(final)
-    for s in taken:
+    for s in [] if args.skip_eval else taken:
         print(f"evaluating {s['path']} ...", flush=True)
-        evals.append({"minute": s["minute"], "step": s["step"], **asyncio.run(evaluate(s["path"], device=args.device))})
+        evals.append({"minute": s["minute"], "step": s["step"], **evaluate(s["path"], device=args.device)})
         print(json.dumps(evals[-1]), flush=True)
-    if taken and args.final_samples > 1:
-        repeated = asyncio.run(evaluate(taken[-1]["path"], samples=args.final_samples, device=args.device))
+    if taken and evals and args.final_samples > 1:
+        repeated = evaluate(taken[-1]["path"], samples=args.final_samples, device=args.device)
         evals[-1][f"sampled_mean_of_{args.final_samples}"] = repeated["sampled"]
         evals[-1][f"add_correct_mean_of_{args.final_samples}"] = repeated["sampled_add_correct"]
         evals[-1][f"sub_correct_mean_of_{args.final_samples}"] = repeated["sampled_sub_correct"]

@@ -12,6 +12,7 @@ logprobs and token versions; with "behaviour" the behaviour policy is used.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from trainer.batch import PrefixGroup
 from trainer.config import TrainerConfig
 from trainer.head import head_logprobs
 from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate
+from trainer.memory import microbatch_budget
 from trainer.policy import Reference
 
 # A common start of the groups' prefixes at least this long runs once for the whole pass.
@@ -186,13 +188,19 @@ def padded_cost(groups: list[PrefixGroup]) -> int:
     return len(groups) * p + rows * o + (rows * p if len(groups) > 1 else 0)
 
 
-def microbatches(groups: list[PrefixGroup], tokens_per_microbatch: int) -> list[list[PrefixGroup]]:
+def microbatches(
+    groups: list[PrefixGroup],
+    tokens_per_microbatch: int,
+    fits: Callable[[list[PrefixGroup]], bool] | None = None,
+) -> list[list[PrefixGroup]]:
     """Consecutive groups packed into passes of at most `tokens_per_microbatch` tokens of
-    `padded_cost` each; a group over the budget on its own, which `pack` avoids, still gets a
-    pass of its own."""
+    `padded_cost` each and, with `fits` (`trainer.memory.microbatch_budget`), whose estimated
+    memory fits; a group over the budget on its own, which `pack` avoids, still gets a pass of
+    its own."""
     out: list[list[PrefixGroup]] = []
     for group in groups:
-        if out and padded_cost([*out[-1], group]) <= tokens_per_microbatch:
+        grown = [*out[-1], group] if out else []
+        if out and padded_cost(grown) <= tokens_per_microbatch and (fits is None or fits(grown)):
             out[-1].append(group)
         else:
             out.append([group])
@@ -254,7 +262,7 @@ def train_step(
     autocast = _autocast(device, cfg.autocast_bf16)
     total_loss, tokens = 0.0, 0
     sums: dict[str, float] = {}
-    for chunk in microbatches(batches, cfg.batch.tokens_per_microbatch):
+    for chunk in microbatches(batches, cfg.batch.tokens_per_microbatch, microbatch_budget(model, cfg)):
         with autocast:
             logps, entropies = group_logprobs(model, chunk, device, entropy=True)
         if not lcfg.entropy_coef:

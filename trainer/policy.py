@@ -114,9 +114,12 @@ def lora_delta(module: Any, adapter: str = "default") -> torch.Tensor:
     return (b @ a) * float(module.scaling[adapter])
 
 
-def build(cfg: Any, device: torch.device, base: str, resume: Path | None) -> Policy:
+def build(
+    cfg: Any, device: torch.device, base: str, resume: Path | None, shard: Callable[[Any], Any] | None = None
+) -> Policy:
     """The policy for `[trainer]` on `device`: from `base`, or from checkpoint `resume` (whose adapter,
-    with LoRA, goes back onto the base)."""
+    with LoRA, goes back onto the base). `shard(model)`, with several trainer processes, replaces the
+    model's parameters by their shards (`trainer/distributed.py`) before the optimizer is built over them."""
     from transformers import AutoModelForCausalLM
 
     from proxy.runtime.devices import model_load_options
@@ -134,6 +137,8 @@ def build(cfg: Any, device: torch.device, base: str, resume: Path | None) -> Pol
         model = peft_model.get_base_model()  # the same modules, adapters injected
     if tcfg.memory.gradient_checkpointing:  # `group_logprobs` then runs full sequences (no cache)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if shard is not None:
+        shard(model)
     model.eval()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(trainable, tcfg.optim, device)

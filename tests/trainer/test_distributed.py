@@ -1,0 +1,129 @@
+"""Two trainer processes (gloo, FSDP2) take the same step as one: same updated weights, same loss.
+
+The ranks are real processes joined by torch.distributed; each builds the same seeded tiny
+Llama, shards it, trains its share of the groups and gathers the full weights on rank 0,
+which are compared with one process's `train_step` over the whole batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.conftest import tiny_llama
+from trainer import distributed
+from trainer.batch import Sample, pack
+from trainer.config import TrainerConfig
+from trainer.step import padded_cost, train_step
+
+CPU = torch.device("cpu")
+# Float32 on CPU: the runs differ only in the order gradients are summed. One AdamW step at lr 1e-2
+# moves every weight by about 1e-2; the largest difference measured was 4.6e-6 (an element whose
+# gradient is near zero, where Adam's g / sqrt(v) magnifies rounding).
+TOLERANCE = 1e-5
+
+
+def sample(ids: list[int], n_out: int, adv: float) -> Sample:
+    mask = [0] * (len(ids) - n_out) + [1] * n_out
+    return Sample(
+        input_ids=ids,
+        loss_mask=mask,
+        behav_logprobs=[-2.0 * m for m in mask],
+        versions=[0 if m else -1 for m in mask],
+        advantages=[adv * m for m in mask],
+        temperature=1.0,
+    )
+
+
+SAMPLES = [
+    sample([5, 6, 7, 8, 9], 2, 1.0),
+    sample([5, 6, 7, 10, 11, 12], 3, -0.5),
+    sample([30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41], 4, 0.8),  # a group of its own
+    sample([1, 2, 3, 4, 20, 21, 22, 23], 4, -1.0),
+    sample([1, 2, 3, 4, 24, 25], 2, 0.3),
+    sample([50, 51, 52], 1, 1.5),
+]
+
+
+def config(agg: str) -> TrainerConfig:
+    # A large learning rate and a tight clip: the update is far from zero and clipping is active,
+    # so a wrong gradient scale or a rank-local norm would show.
+    return TrainerConfig.model_validate(
+        {"optim": {"lr": 1e-2, "grad_clip": 0.05}, "loss": {"agg": agg}, "batch": {"tokens_per_microbatch": 40}}
+    )
+
+
+CASES = {
+    "spread": (SAMPLES, "token_mean"),
+    "drgrpo": (SAMPLES, "token_sum_norm"),
+    "one_group": (SAMPLES[:2], "token_mean"),  # fewer groups than ranks: rank 1 trains nothing
+}
+
+
+def one_process(case: str) -> tuple[dict[str, torch.Tensor], float]:
+    samples, agg = CASES[case]
+    model = tiny_llama(tie_word_embeddings=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    result = train_step(model, optimizer, pack(samples, 40, 0), config(agg), CPU, version=0)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, result.loss
+
+
+def _rank_main(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    me = distributed.Rank(rank, world, rank)
+    distributed.init(me, CPU, timeout_s=60)
+    results = {}
+    try:
+        for case, (samples, agg) in CASES.items():
+            model = tiny_llama(tie_word_embeddings=True)
+            sharded = distributed.Sharded(model)
+            inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            cfg = config(agg)
+            optimizer = distributed.ShardedOptimizer(inner, sharded, cfg.optim.grad_clip)
+            groups = pack(samples, 40, 0)
+            [mine] = distributed.shares([groups], me)
+            result = distributed.train_step_sharded(optimizer, groups, mine, cfg, CPU, version=0)
+            state = distributed.full_state_dict(model, me)
+            results[case] = (state, result.loss, model.lm_head.weight is model.model.embed_tokens.weight)
+    finally:
+        distributed.close()
+    if me.is_main:
+        torch.save(results, out)
+
+
+@pytest.fixture(scope="module")
+def two_process_results(tmp_path_factory) -> dict:
+    from trainer.launch.processes import free_port
+
+    out = tmp_path_factory.mktemp("fsdp") / "results.pt"
+    mp.spawn(_rank_main, args=(2, free_port(), str(out)), nprocs=2)
+    return torch.load(out, weights_only=False)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_process_step_equals_one_process_step(two_process_results, case):
+    expected, loss = one_process(case)
+    got, got_loss, tied = two_process_results[case]
+    assert tied, "the LM head still shares the embedding's weight under FSDP"
+    assert set(got) == set(expected)
+    before = tiny_llama(tie_word_embeddings=True).state_dict()
+    assert all(not torch.equal(value, before[name]) for name, value in expected.items()), "every weight moves"
+    for name, value in expected.items():
+        diff = (got[name] - value).abs().max().item()
+        assert diff <= TOLERANCE, f"{case}: {name} differs by {diff}"
+    assert got_loss == pytest.approx(loss, rel=1e-5, abs=1e-7)
+
+
+def test_split_balances_cost_and_keeps_order():
+    groups = pack(SAMPLES, 40, 0)
+    shares = distributed.split(groups, 2)
+    position = {id(g): i for i, g in enumerate(groups)}
+    assert sorted(position[id(g)] for s in shares for g in s) == list(range(len(groups)))
+    for share in shares:
+        assert [position[id(g)] for g in share] == sorted(position[id(g)] for g in share)
+    costs = [sum(padded_cost([g]) for g in s) for s in shares]
+    assert max(costs) - min(costs) <= max(padded_cost([g]) for g in groups)
+    assert distributed.split(groups[:1], 3)[1:] == [[], []]

@@ -7,6 +7,12 @@ mid-write, or a machine that loses power, leaves the previous checkpoint intact;
 temporary folders a killed trainer left behind are removed. The optimizer and RNG state
 hold only tensors and plain values, so they load with `weights_only=True`. The two most
 recent checkpoints are kept.
+
+Several trainer processes (`trainer/distributed.py`) write the same folder: the optimizer's
+shards with torch.distributed.checkpoint under `optimizer/` (each rank its own file), rank 0
+the whole model (gathered once, so the checkpoint stays servable) and the rest, then rank 0
+renames it after every rank is done. Loading reshards: a checkpoint written by N processes
+resumes in M, one process's `trainer.pt` optimizer included.
 """
 
 from __future__ import annotations
@@ -109,6 +115,53 @@ def save(
     return final
 
 
+SHARDED_OPTIMIZER = "optimizer"
+
+
+def save_sharded(
+    run_dir: Path,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    state: TrainerState,
+    full_model: Any,
+    keep: int = 2,
+    tokenizer: Any = None,
+) -> Path:
+    """Write checkpoint `step_{state.step}` from every rank of a sharded model; every rank calls it.
+    `full_model` (rank 0 only; None elsewhere) has the gathered weights `write_weights` writes."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from trainer.weights import write_weights
+
+    main = dist.get_rank() == 0
+    root = run_dir / "checkpoints"
+    final = root / f"step_{state.step:07d}"
+    tmp = root / f"{TMP_PREFIX}{state.step:07d}_sharded"  # the same name on every rank
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_stale_tmp(root)
+        write_weights(full_model, tmp)  # config.json + model.safetensors: `areal-proxy serve --model`
+    dist.barrier()
+    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=tmp / SHARDED_OPTIMIZER)
+    dist.barrier()  # every rank's shard is written
+    if main:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        torch.save({"rng": _rng_state()}, tmp / "trainer.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps(asdict(state)))
+        _fsync_tree(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        for old in sorted(p for p in root.iterdir() if p.name.startswith("step_"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()  # no rank goes on (or is killed for good) before the rename
+    return final
+
+
 def latest(run_dir: Path) -> Path | None:
     root = run_dir / "checkpoints"
     if not root.is_dir():
@@ -118,12 +171,58 @@ def latest(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_state(path: Path, optimizer: torch.optim.Optimizer) -> TrainerState:
+def load_state(path: Path, optimizer: torch.optim.Optimizer, model: Any = None) -> TrainerState:
+    """The optimizer and RNG state of checkpoint `path`, and its counters. With `model` (needed when
+    the optimizer is over a sharded model, or the checkpoint was written by several processes) the
+    optimizer state is matched to parameters by name, so any process count loads any checkpoint."""
+    if (path / SHARDED_OPTIMIZER).is_dir():
+        _load_sharded_optimizer(path / SHARDED_OPTIMIZER, model, optimizer)
+        blob = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
+    else:
+        blob = _load_blob(path)
+        if _is_sharded(model):
+            _load_full_optimizer(blob["optimizer"], model, optimizer)
+        else:
+            optimizer.load_state_dict(blob["optimizer"])
+    _set_rng_state(blob["rng"])
+    return TrainerState(**json.loads((path / "trainer_state.json").read_text()))
+
+
+def _is_sharded(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _load_sharded_optimizer(folder: Path, model: Any, optimizer: torch.optim.Optimizer) -> None:
+    """DCP reads into the shapes of this process's state (its own shards, or whole tensors)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    if model is None:
+        raise ValueError(f"{folder.parent} was written by several trainer processes: load it with the model")
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # allocates the state to read into
+    dcp.load(state, checkpoint_id=folder)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def _load_full_optimizer(saved: dict[str, Any], model: Any, optimizer: torch.optim.Optimizer) -> None:
+    """One process's `optimizer.state_dict()` (state keyed by parameter index, in the order the
+    optimizer was built over the trainable parameters) onto a sharded model's optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    by_name = {
+        "state": {names[i]: value for i, value in saved["state"].items()},
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
+    }
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+
+
+def _load_blob(path: Path) -> dict[str, Any]:
     try:
         blob = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # written before the RNG state was stored as plain values
         log.warning("%s holds pickled numpy state; loading it with weights_only=False", path / "trainer.pt")
         blob = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
-    _set_rng_state(blob["rng"])
-    return TrainerState(**json.loads((path / "trainer_state.json").read_text()))
+    return blob

@@ -290,6 +290,24 @@ def _merged(result: StepResult, scale: float, grad_norm: float) -> StepResult:
     )
 
 
+@dataclass
+class FullModel:
+    """Gathered weights where a whole Hugging Face model is expected: `write_weights` reads a model's
+    `config` and `state_dict()`, so a weight push and a checkpoint write these as they would the model."""
+
+    config: Any
+    state: dict[str, torch.Tensor]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.state
+
+
+def gather(model: Any, rank: Rank) -> FullModel | None:
+    """`full_state_dict` with the model's config, on rank 0 (None elsewhere); every rank calls it."""
+    state = full_state_dict(model, rank)
+    return FullModel(model.config, state) if state is not None else None
+
+
 def full_state_dict(model: Any, rank: Rank) -> dict[str, torch.Tensor] | None:
     """The whole model's state dict, gathered once into CPU memory on rank 0 (None elsewhere):
     what a weight push writes and a checkpoint's servable model holds. Every rank must call it."""

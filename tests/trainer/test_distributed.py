@@ -8,6 +8,7 @@ which are compared with one process's `train_step` over the whole batch.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import torch.multiprocessing as mp
 from tests.conftest import tiny_llama
 from trainer import distributed
 from trainer.batch import Sample, pack
+from trainer.checkpoint import TrainerState, latest, load_state, save, save_sharded
 from trainer.config import TrainerConfig
 from trainer.step import padded_cost, train_step
 
@@ -127,3 +129,89 @@ def test_split_balances_cost_and_keeps_order():
     costs = [sum(padded_cost([g]) for g in s) for s in shares]
     assert max(costs) - min(costs) <= max(padded_cost([g]) for g in groups)
     assert distributed.split(groups[:1], 3)[1:] == [[], []]
+
+
+# -- checkpoints: written by N processes, resumed by M ---------------------------------------------
+STEP_1, STEP_2 = SAMPLES[:4], SAMPLES[2:]
+
+
+def _load(folder: Path):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(folder)
+
+
+def _resume_main(rank: int, world: int, port: int, root: str) -> None:
+    """Rank side: (1) resume one process's checkpoint and take step 2; (2) take step 1 from
+    scratch and write a sharded checkpoint."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    me = distributed.Rank(rank, world, rank)
+    distributed.init(me, CPU, timeout_s=60)
+    cfg = config("token_mean")
+    out = {}
+    try:
+        for case, start in (("from_one", Path(root) / "one"), ("write", None)):
+            model = tiny_llama(tie_word_embeddings=True) if start is None else _load(latest(start))
+            sharded = distributed.Sharded(model)
+            inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            optimizer = distributed.ShardedOptimizer(inner, sharded, cfg.optim.grad_clip)
+            if start is not None:
+                load_state(latest(start), inner, model)
+            groups = pack(STEP_2 if start is not None else STEP_1, 40, 0)
+            [mine] = distributed.shares([groups], me)
+            distributed.train_step_sharded(optimizer, groups, mine, cfg, CPU, version=0)
+            full = distributed.gather(model, me)
+            if start is not None:
+                out[case] = full.state if full else None
+            else:
+                save_sharded(Path(root) / "two", model, inner, TrainerState(step=1), full)
+    finally:
+        distributed.close()
+    if me.is_main:
+        torch.save(out, Path(root) / "from_one.pt")
+
+
+def one_process_steps(root: Path) -> dict[str, torch.Tensor]:
+    """Steps 1 and 2 in one process, checkpointing after step 1; the weights after step 2."""
+    cfg = config("token_mean")
+    model = tiny_llama(tie_word_embeddings=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    train_step(model, optimizer, pack(STEP_1, 40, 0), cfg, CPU, version=0)
+    save(root / "one", model, optimizer, TrainerState(step=1))
+    train_step(model, optimizer, pack(STEP_2, 40, 0), cfg, CPU, version=0)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        diff = (got[name] - value).abs().max().item()
+        assert diff <= TOLERANCE, f"{name} differs by {diff}"
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor], dict]:
+    from trainer.launch.processes import free_port
+
+    root = tmp_path_factory.mktemp("resume")
+    expected = one_process_steps(root)
+    mp.spawn(_resume_main, args=(2, free_port(), str(root)), nprocs=2)
+    return root, expected, torch.load(root / "from_one.pt", weights_only=True)
+
+
+def test_one_process_checkpoint_resumes_in_two(resumed):
+    _, expected, two = resumed
+    assert_same(two["from_one"], expected)
+
+
+def test_two_process_checkpoint_resumes_in_one(resumed):
+    root, expected, _ = resumed
+    folder = latest(root / "two")
+    assert folder is not None and (folder / "model.safetensors").is_file(), "a servable model beside the shards"
+    assert not list((root / "two" / "checkpoints").glob(".tmp*")), "renamed once every rank wrote its shard"
+    model = _load(folder)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = load_state(folder, optimizer, model)
+    assert state.step == 1
+    train_step(model, optimizer, pack(STEP_2, 40, 0), config("token_mean"), CPU, version=0)
+    assert_same(model.state_dict(), expected)

@@ -8,7 +8,7 @@ process, one after the other:
 - `merge_s`: `proxy.runtime.adapters.merge` of a rank-R adapter on every linear layer, plus copying the
   result into the model (what `LocalEngine._merge_adapter` does), median of 5;
 - decode tokens/s of the same Hugging Face model with the adapter merged and unmerged (peft's layers),
-  greedy, `--batch` rows × `--new-tokens` tokens, median of 5 interleaved runs;
+  greedy, `--batch` rows × `--new-tokens` tokens, median of `--repeats` interleaved runs;
 - from them, after how many decoded tokens the unmerged overhead exceeds one merge.
 
     python benchmarks/lora_apply.py [--rank 16] [--batch 8] [--new-tokens 64] [--json out.json]
@@ -28,7 +28,7 @@ import torch
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def decode_rates(models: dict, batch: int, new_tokens: int, repeats: int = 5) -> dict[str, float]:
+def decode_rates(models: dict, batch: int, new_tokens: int, repeats: int) -> dict[str, float]:
     """Median decode tokens/s of each model, the models' runs interleaved so that a busy machine slows
     them alike."""
     ids = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646] for _ in range(batch)])
@@ -52,8 +52,11 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved decode runs of each")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
 
     import peft
     from transformers import AutoModelForCausalLM
@@ -90,7 +93,7 @@ def main() -> None:
         merges.append(time.perf_counter() - t0)
     merge_s = statistics.median(merges)
 
-    rates = decode_rates({"merged": base, "unmerged": lora}, args.batch, args.new_tokens)
+    rates = decode_rates({"merged": base, "unmerged": lora}, args.batch, args.new_tokens, args.repeats)
     merged_rate, unmerged_rate = rates["merged"], rates["unmerged"]
     per_token_overhead = 1 / unmerged_rate - 1 / merged_rate
     result = {

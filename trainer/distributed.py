@@ -36,6 +36,21 @@ from trainer.policy import Reference
 from trainer.step import StepResult, normaliser_for, padded_cost, recompute_proximal, train_step
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+# How long a rank waits in a collective (a step's reduce, rank 0's next command while it pushes
+# weights) before it gives up: a rank killed outright is otherwise noticed by the launcher.
+COLLECTIVE_TIMEOUT_S = 1800.0
+
+
+def check_supported(tcfg: TrainerConfig) -> None:
+    """What several processes do not train yet, said before any model loads."""
+    if tcfg.lora is not None:
+        raise ValueError("trainer.processes > 1 does not train LoRA adapters yet: set trainer.processes = 1")
+    if tcfg.dtype != "float32" or tcfg.optim.name != "adamw":
+        raise ValueError(
+            "trainer.processes > 1 needs trainer.dtype = 'float32' and trainer.optim.name = 'adamw' "
+            "(the optimizer's state is sharded by parameter name; bfloat16 master weights and 8-bit "
+            "state are not yet)"
+        )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ token is more than max_staleness versions old. On start it resumes from the last
 checkpoint and hands back sessions consumed after it, so a crash never trains a
 session twice nor loses one; the engine is brought to the checkpoint's weights
 under a fresh, higher version so versions stay monotonic.
+
+With `trainer.processes` > 1 every process runs this loop's setup, and rank 0 alone talks to the
+store and the proxy: it claims, then tells the other ranks what to do next (train these samples,
+gather the weights for a push, checkpoint, stop), and they follow (`Trainer.follow`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from proxy.runtime.model_files import resolve_model
 from proxy.store.claims import claim_batch, end_step, mark_skipped, release_after, settle_through
 from proxy.store.db import Database
 from proxy.store.samples import SessionSamples, load_samples
-from trainer import audit, checkpoint, policy
+from trainer import audit, checkpoint, distributed, policy
 from trainer.batch import build_samples, pack
 from trainer.metrics import MetricsSink, StallWatch
 from trainer.schedule import lr_factor, progress
@@ -75,8 +79,16 @@ class Trainer:
         self.tcfg = cfg.trainer
         self.run_dir = Path(self.tcfg.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.device = select_device(self.tcfg.device)
-        self.db = Database(cfg.store)
+        self.rank = distributed.from_env()
+        self.device = select_device(distributed.rank_device(self.tcfg.device, self.rank))
+        self.sharded: distributed.Sharded | None = None
+        self.step_optimizer: Any = None  # what train_step steps: the optimizer, or its FSDP wrapper
+        # This step's weights, gathered once: (the whole model on rank 0, None elsewhere), or None.
+        self._gathered: tuple[distributed.FullModel | None] | None = None
+        if self.rank.distributed:
+            distributed.check_supported(self.tcfg)
+            distributed.init(self.rank, self.device, distributed.COLLECTIVE_TIMEOUT_S)
+        self.db = Database(cfg.store) if self.rank.is_main else None
         weights_dir = (
             Path(self.tcfg.weights_dir)
             if self.tcfg.weights_dir
@@ -86,7 +98,7 @@ class Trainer:
         # half the bytes of a float32 push); other engines cast on load as they are configured to.
         push_dtype = DTYPES.get(cfg.engine.dtype) if cfg.engine.backend == "local" else None
         self.sync = WeightSync(weights_dir, proxy_url(cfg), cfg.proxy.admin_key, dtype=push_dtype)
-        self.metrics = MetricsSink(self.run_dir)
+        self.metrics = MetricsSink(self.run_dir) if self.rank.is_main else None
         self.stall = StallWatch(self.tcfg.stall_steps)
         self.selectors = selectors(self.tcfg)
         self.claiming = claim_policy(self.tcfg)
@@ -114,20 +126,29 @@ class Trainer:
             self.tcfg.dtype == "bfloat16" or self.tcfg.autocast_bf16,
             "trainer.dtype / trainer.autocast_bf16",
         )
-        self.policy = policy.build(self.cfg, self.device, str(base), resume)
+        shard = self._shard if self.rank.distributed else None
+        self.policy = policy.build(self.cfg, self.device, str(base), resume, shard)
         self.model, self.optimizer = self.policy.model, self.policy.optimizer
+        self.step_optimizer = self.optimizer
+        if self.sharded is not None:
+            self.step_optimizer = distributed.ShardedOptimizer(self.optimizer, self.sharded, self.tcfg.optim.grad_clip)
         n = torch.get_num_threads()
         threads = f", {n} CPU thread{'s' if n != 1 else ''}" if self.device.type == "cpu" else ""
-        log.info("training %s on %s (%s%s)", resume or base, self.device, self.tcfg.dtype, threads)
+        ranks = f", rank {self.rank.rank} of {self.rank.world}" if self.rank.distributed else ""
+        log.info("training %s on %s (%s%s%s)", resume or base, self.device, self.tcfg.dtype, threads, ranks)
         tokenizer = AutoTokenizer.from_pretrained(base)
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        if not self.rank.is_main:
+            if resume is not None:  # rank 0's resume push comes as a command
+                self.state = checkpoint.load_state(resume, self.optimizer, self.model)
+            return
         if resume is not None:
-            self.state = checkpoint.load_state(resume, self.optimizer)
+            self.state = checkpoint.load_state(resume, self.optimizer, self.model)
             released = self.db.transaction(lambda c: release_after(c, self.state.step))
             self.db.transaction(lambda c: settle_through(c, self.state.step))
             version = max(self.state.version, self.sync.engine_version()) + 1
-            self.sync.push(self.policy, version)
+            self._push(version)
             self.state.version = version
             log.info("resumed from %s (step %d); %d sessions handed back", resume.name, self.state.step, released)
             self._audit({"resume_from": self.state.step, "handed_back": released})
@@ -139,14 +160,26 @@ class Trainer:
                 self._audit({"resume_from": 0, "handed_back": released})
             self.state.version = self.sync.engine_version()
 
+    def _shard(self, model: Any) -> None:
+        self.sharded = distributed.Sharded(model)
+
     # -- loop -----------------------------------------------------------------------
     def run(self) -> int:
+        if not self.rank.is_main:
+            return self.follow()
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
-        self.setup()
+        try:
+            self.setup()
+            return self._loop()
+        finally:
+            distributed.close()
+
+    def _loop(self) -> int:
         self._clock = time.time() - self.state.elapsed_s
         idle_since = time.time()
         batch = _Batch()
+        finished = False
         try:
             while not self.stopping and not self._done():
                 started = time.time()
@@ -167,6 +200,7 @@ class Trainer:
                     if (self.run_dir / "STOP").exists():
                         break
                     time.sleep(self.tcfg.poll_interval_s)
+                    self._tell("idle")  # the other ranks wait on a collective that has a timeout
                     continue
                 self._add(batch, claim.session_ids)
                 if not self.claiming.complete(len(batch.kept)):
@@ -174,6 +208,7 @@ class Trainer:
                 self._train(batch, started - idle_since)
                 batch = _Batch()
                 idle_since = time.time()
+            finished = True
         finally:
             if batch.sessions:
                 # Claimed for a step that never ran: hand them back for the next run.
@@ -183,9 +218,12 @@ class Trainer:
                 # self.state. Saving them would train those sessions twice once handed back; the
                 # next run resumes from the last checkpoint and hands back what came after it.
                 log.warning("step %d failed part-way; its partial update is not checkpointed", self.state.step + 1)
-            elif self.state.step > 0 and self.optimizer is not None:
+            elif self.state.step > 0 and self.optimizer is not None and (finished or not self.rank.distributed):
+                # (several processes: after an error, another rank may be gone, and saving is collective)
                 self.state.elapsed_s = self._elapsed()
                 self._save()
+            if finished:
+                self._tell("stop")
             self.metrics.close()
             self.db.close()
             self.sync.discard()
@@ -237,7 +275,7 @@ class Trainer:
         self.state.sessions_trained += len(train_on)
         push_s = 0.0
         if result is not None and step % self.tcfg.weight_sync_every == 0:
-            push_s = self.sync.push(self.policy, self.state.version + 1)
+            push_s = self._push(self.state.version + 1)
             self.state.version += 1
         self.db.transaction(lambda c: end_step(c, step))
         if step % self.tcfg.checkpoint.every == 0:
@@ -261,29 +299,93 @@ class Trainer:
             log.warning(warning)
 
     def _optimize(self, samples: list, step: int) -> StepResult | None:
-        """`epochs` passes over the step's samples, each of `minibatches` optimizer steps."""
-        b = self.tcfg.batch
-        batches = pack(samples, b.tokens_per_microbatch, self.pad_id)
         self._set_lr(step)
-        if b.minibatches * b.epochs > 1 and self.tcfg.loss.proximal == "recompute":
-            recompute_proximal(self.model, batches, self.device, b.tokens_per_microbatch, self.tcfg.autocast_bf16)
+        self._tell("train", samples, self.state.version, self.lr)
+        return self._passes(samples)
+
+    def _passes(self, samples: list) -> StepResult | None:
+        """`epochs` passes over the step's samples, each of `minibatches` optimizer steps (several
+        processes: each rank trains its share of every minibatch, `trainer/distributed.py`)."""
+        b = self.tcfg.batch
+        self._gathered = None  # the weights change
+        batches = pack(samples, b.tokens_per_microbatch, self.pad_id)
         parts = [batches[i :: b.minibatches] for i in range(b.minibatches)]
+        mine = distributed.shares(parts, self.rank) if self.sharded is not None else parts
+        if b.minibatches * b.epochs > 1 and self.tcfg.loss.proximal == "recompute":
+            own = [g for share in mine for g in share]
+            if self.sharded is not None:
+                distributed.recompute_proximal_sharded(
+                    self.sharded, own, self.device, b.tokens_per_microbatch, self.tcfg.autocast_bf16
+                )
+            else:
+                recompute_proximal(self.model, own, self.device, b.tokens_per_microbatch, self.tcfg.autocast_bf16)
         result = None
         for _ in range(b.epochs):
-            for part in (p for p in parts if p):
-                result = train_step(
-                    self.model,
-                    self.optimizer,
-                    part,
-                    self.tcfg,
-                    self.device,
-                    self.state.version,
-                    self.policy.reference,
-                    keep_proximal=b.epochs > 1,
-                )
+            for part, share in ((p, s) for p, s in zip(parts, mine) if p):
+                args = (self.device, self.state.version, self.policy.reference)
+                if self.sharded is not None:
+                    result = distributed.train_step_sharded(
+                        self.step_optimizer, part, share, self.tcfg, *args, keep_proximal=b.epochs > 1
+                    )
+                else:
+                    result = train_step(self.model, self.optimizer, part, self.tcfg, *args, keep_proximal=b.epochs > 1)
         return result
 
+    # -- several processes ------------------------------------------------------------
+    def follow(self) -> int:
+        """A rank other than 0: set up like rank 0, then do what it says until it says stop. SIGTERM
+        is left to rank 0 (which saves, collectively, before it stops everyone)."""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.setup()
+            while True:
+                command, *args = distributed.broadcast(None, self.rank)
+                if command == "stop":
+                    return 0
+                if command == "train":
+                    samples, self.state.version, self.lr = args
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = self.lr
+                    self._passes(samples)
+                elif command == "push":
+                    self._full()
+                elif command == "save":
+                    (self.state,) = args
+                    self._save()
+        finally:
+            distributed.close()
+
+    def _tell(self, command: str, *args: Any) -> None:
+        """Rank 0: what every other rank does next (nothing with one process)."""
+        if self.rank.distributed and self.rank.is_main:
+            distributed.broadcast((command, *args), self.rank)
+
+    def _full(self) -> distributed.FullModel | None:
+        """The whole model on rank 0, gathered once per step however many writes need it."""
+        if self._gathered is None:  # a collective: every rank gathers at the same points
+            self._gathered = (distributed.gather(self.model, self.rank),)
+        return self._gathered[0]
+
+    def _push(self, version: int) -> float:
+        if self.sharded is None:
+            return self.sync.push(self.policy, version)
+        self._tell("push")
+        return self.sync.push(self._full(), version)
+
     def _save(self) -> None:
+        if self.sharded is not None:
+            self._tell("save", self.state)
+            checkpoint.save_sharded(
+                self.run_dir,
+                self.model,
+                self.optimizer,
+                self.state,
+                self._full(),
+                self.tcfg.checkpoint.keep,
+                self.tokenizer if self.rank.is_main else None,
+            )
+            return
         checkpoint.save(
             self.run_dir,
             self.model,

@@ -8,6 +8,10 @@ dataset is used up and trained; Ctrl-C stops the runner, lets the trainer
 checkpoint, and stops the proxy. Running the same command again resumes: the
 trainer from its last checkpoint, the runner from its saved dataset position;
 sessions left open by the interrupted run are closed as failed.
+
+With `trainer.processes` > 1 the trainer is that many processes (torch.distributed ranks on this
+machine, `trainer/distributed.py`); if one dies the others are killed (a sharded step or save
+needs every rank) and the next start resumes from the last checkpoint, with any process count.
 """
 
 from __future__ import annotations
@@ -68,6 +72,29 @@ class Children:
     def stop(self, name: str, timeout: float = 60) -> int | None:
         return stop_process(self.procs.get(name), timeout)
 
+    def start_trainers(self, processes: int) -> list[subprocess.Popen]:
+        """The trainer's ranks: rank 0 as `trainer` (its log trainer.log), rank r as `trainer.rank{r}`."""
+        if processes == 1:
+            return [self.start("trainer", ["-m", "trainer.loop"])]
+        port = str(free_port())
+        ranks = []
+        for rank in range(processes):
+            env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(processes)}
+            self.env.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            ranks.append(self.start("trainer" if rank == 0 else f"trainer.rank{rank}", ["-m", "trainer.loop"]))
+        return ranks
+
+    def stop_trainers(self, ranks: list[subprocess.Popen], timeout: float) -> int | None:
+        """Rank 0 is asked to stop (it checkpoints, with the others, and tells them to exit); if a rank
+        is already dead nothing collective can finish, so the rest are killed. The first failure's code."""
+        if any(p.poll() is not None for p in ranks[1:]):
+            for p in ranks:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        codes = [stop_process(ranks[0], timeout)] + [stop_process(p, 60) for p in ranks[1:]]
+        return next((c for c in codes if c not in (0, None)), codes[0])
+
 
 def progress_table(cfg: Config, run_dir: Path, runner: EpisodeRunner, started: float) -> Table:
     table = Table(title=f"areal-proxy train — {run_dir}", show_header=False, min_width=60)
@@ -102,18 +129,19 @@ def launch(cfg: Config, config_path: str | None) -> int:
     tasks = load_tasks(cfg.rollout.dataset, "train", cfg.rollout.seed)
     children = Children(run_dir, config_file, cfg.proxy.admin_key)
     url = proxy_url(cfg)
+    trainers: list[subprocess.Popen] = []
     proxy = children.start("proxy", ["-m", "proxy.cli", "serve"])
     try:
         wait_healthy(url, proxy, timeout=600, log_path=run_dir / "proxy.log")
-        trainer = children.start("trainer", ["-m", "trainer.loop"])
+        trainers = children.start_trainers(cfg.trainer.processes)
         runner = EpisodeRunner(
             cfg.rollout, url, tasks, admin_key=cfg.proxy.admin_key, state_path=run_dir / "runner_state.json"
         )
-        code = asyncio.run(_supervise(cfg, run_dir, runner, trainer, console))
+        code = asyncio.run(_supervise(cfg, run_dir, runner, trainers, console))
     except KeyboardInterrupt:
         code = 130
     finally:
-        trainer_code = children.stop("trainer", timeout=300)
+        trainer_code = children.stop_trainers(trainers, timeout=300) if trainers else None
         children.stop("proxy")
     if code == 0 and trainer_code not in (0, None):
         code = trainer_code
@@ -122,7 +150,7 @@ def launch(cfg: Config, config_path: str | None) -> int:
 
 
 async def _supervise(
-    cfg: Config, run_dir: Path, runner: EpisodeRunner, trainer: subprocess.Popen, console: Console
+    cfg: Config, run_dir: Path, runner: EpisodeRunner, trainers: list[subprocess.Popen], console: Console
 ) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -146,7 +174,7 @@ async def _supervise(
             elif time.time() - last_print > 30:
                 console.print(progress_table(cfg, run_dir, runner, started))
                 last_print = time.time()
-            if trainer.poll() is not None:
+            if any(t.poll() is not None for t in trainers):  # done, or one rank died: the others stop too
                 break
             if stop.is_set():
                 interrupted = True
@@ -159,4 +187,5 @@ async def _supervise(
     (run_dir / "STOP").unlink(missing_ok=True)
     if interrupted:
         return 130
-    return 0 if trainer.poll() is None else trainer.returncode
+    codes = [t.poll() for t in trainers]
+    return next((c for c in codes if c not in (0, None)), 0)

@@ -8,6 +8,8 @@ which are compared with one process's `train_step` over the whole batch.
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +18,9 @@ import torch.multiprocessing as mp
 
 from tests.conftest import tiny_llama
 from trainer import distributed
+from trainer.audit import effective_history
 from trainer.batch import Sample, pack
-from trainer.checkpoint import TrainerState, latest, load_state, save, save_sharded
+from trainer.checkpoint import SHARDED_OPTIMIZER, TrainerState, latest, load_state, save, save_sharded
 from trainer.config import TrainerConfig
 from trainer.step import padded_cost, train_step
 
@@ -215,3 +218,32 @@ def test_two_process_checkpoint_resumes_in_one(resumed):
     assert state.step == 1
     train_step(model, optimizer, pack(STEP_2, 40, 0), config("token_mean"), CPU, version=0)
     assert_same(model.state_dict(), expected)
+
+
+# -- `areal-proxy train` with two trainer processes -------------------------------------------------
+def test_sigkill_of_one_rank_stops_the_run_and_it_resumes_with_one_process(tmp_path):
+    """A rank SIGKILLed mid-run: the run stops (no rank waits for ever), and the same command with
+    one process resumes from the two processes' last checkpoint; no session trained twice."""
+    from tests.trainer.test_resume import steps_done, train, write_config
+
+    config = write_config(tmp_path, threads=1, checkpoint={"every": 1})
+    run_dir = tmp_path / "run"
+    first = train(config, "trainer.max_steps=5", "trainer.processes=2")
+    deadline = time.time() + 600
+    while steps_done(run_dir) < 2 and time.time() < deadline and first.poll() is None:
+        time.sleep(0.5)
+    assert steps_done(run_dir) >= 2, first.communicate()[0][-3000:] if first.poll() is not None else "too slow"
+    assert "rank 1 of 2" in (run_dir / "trainer.rank1.log").read_text()
+    os.kill(int((run_dir / "trainer.rank1.pid").read_text()), signal.SIGKILL)
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode != 0, out[-3000:]
+    done = latest(run_dir)
+    assert done is not None and (done / SHARDED_OPTIMIZER).is_dir(), "the two processes' checkpoint"
+
+    second = train(config, "trainer.max_steps=4", "trainer.processes=1")
+    out, _ = second.communicate(timeout=900)
+    assert second.returncode == 0, out[-3000:]
+    assert "resume_from" in (run_dir / "trained_sessions.jsonl").read_text()
+    history = effective_history(run_dir)
+    assert len(history) == len(set(history)), "a session was trained twice"
+    assert steps_done(run_dir) == 4

@@ -36,11 +36,11 @@ class RayConfig(Section):
     engine_npus: float = 0.0
     """NPUs of each engine server."""
     trainer_cpus: float = 1.0
-    """CPUs of the trainer."""
+    """CPUs of each trainer process (`trainer.processes` of them, each its own actor)."""
     trainer_gpus: float = 0.0
-    """GPUs of the trainer."""
+    """GPUs of each trainer process (one each with `trainer.processes` > 1)."""
     trainer_npus: float = 0.0
-    """NPUs of the trainer."""
+    """NPUs of each trainer process (one each with `trainer.processes` > 1)."""
     runner_cpus: float = 1.0
     """CPUs of each episode runner (the agents run inside it)."""
     front_cpus: float = 0.5

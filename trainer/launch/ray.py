@@ -12,6 +12,11 @@ the trainer writes `metrics.jsonl`, checkpoints and its audit log into `run_dir`
 be on a filesystem every node shares when the cluster has several. The run ends as the local
 launcher's does, and running the same command again resumes it.
 
+With `trainer.processes` = N the trainer is N actors (`trainer`, `trainer-1`, ...), each with
+the `ray.trainer_*` resources (one GPU or NPU each), joined into one torch.distributed group at
+rank 0's node (`trainer/distributed.py`). If one rank dies the others cannot go on, so all of
+them are restarted together and resume from the last checkpoint (counted as one restart).
+
 Before anything starts, what the run asks of the cluster (each component's CPUs, GPUs, NPUs)
 is checked against what the cluster has: a run that could never be placed fails within
 seconds, naming both figures and the settings to change. A local cluster (no address) is
@@ -61,11 +66,34 @@ def check_config(cfg: Config) -> None:
         "proxy replicas (local engines)": (cfg.engine.device, r.proxy_gpus, r.proxy_npus, r.engine_servers == 0),
         "trainer": (cfg.trainer.device, r.trainer_gpus, r.trainer_npus, True),
     }
+    if cfg.trainer.processes > 1 and max(r.trainer_gpus, r.trainer_npus) > 1:
+        raise ConfigError(
+            f"each of the {cfg.trainer.processes} trainer processes uses one accelerator: set ray.trainer_gpus "
+            "(or ray.trainer_npus) = 1 and trainer.processes to the number of accelerators to train on"
+        )
     for what, (device, gpus, npus, used) in devices.items():
         if used and device == "cuda" and gpus <= 0:
             raise ConfigError(f"the {what} run on cuda but get no GPU: set the ray *_gpus field for them")
         if used and device == "npu" and npus <= 0:
             raise ConfigError(f"the {what} run on npu but get no NPU: set the ray *_npus field for them")
+
+
+def trainer_names(cfg: Config) -> list[str]:
+    """The trainer's actors: `trainer` (rank 0, which claims and writes the run's files), then
+    `trainer-1` ... with `trainer.processes` > 1, each asking for the `ray.trainer_*` resources."""
+    return ["trainer"] + [f"trainer-{r}" for r in range(1, cfg.trainer.processes)]
+
+
+def rank_env(rank: int, world: int, master: str, port: int) -> dict[str, str]:
+    """What `trainer/distributed.py` reads to join the trainer's process group. Ray shows each actor
+    only the GPUs (NPUs) it was given, so every rank's own device is its node-local device 0."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(port),
+    }
 
 
 def demand(cfg: Config) -> dict[str, list[tuple[str, float]]]:
@@ -74,7 +102,7 @@ def demand(cfg: Config) -> dict[str, list[tuple[str, float]]]:
     asks = [("front", r.front_cpus, 0.0, 0.0)]
     asks += [(f"engine server {i}", r.engine_cpus, r.engine_gpus, r.engine_npus) for i in range(r.engine_servers)]
     asks += [(f"proxy replica {i}", r.proxy_cpus, r.proxy_gpus, r.proxy_npus) for i in range(r.proxy_replicas)]
-    asks += [("trainer", r.trainer_cpus, r.trainer_gpus, r.trainer_npus)]
+    asks += [(name, r.trainer_cpus, r.trainer_gpus, r.trainer_npus) for name in trainer_names(cfg)]
     asks += [(f"runner {i}", r.runner_cpus, 0.0, 0.0) for i in range(r.runners)]
     out: dict[str, list[tuple[str, float]]] = {"CPU": [], "GPU": [], "NPU": []}
     for who, *amounts in asks:
@@ -220,6 +248,16 @@ class Cluster:
         for component, (host, port) in zip(components, endpoints):
             component.url, component.node = f"http://{host}:{port}", host
 
+    def join(self, trainers: list[Component]) -> None:
+        """Give placed trainer actors their ranks: the process group meets at rank 0's node, on the
+        port its actor holds (a trainer serves no HTTP)."""
+        if len(trainers) < 2:
+            return
+        master, port = trainers[0].url.removeprefix("http://").rsplit(":", 1)
+        env = [rank_env(rank, len(trainers), master, int(port)) for rank in range(len(trainers))]
+        self.ray.get([t.actor.set_env.remote(e) for t, e in zip(trainers, env)])
+        self.say(f"{len(trainers)} trainer processes, process group at {master}:{port}")
+
     def start(self, components: list[Component], argv: list[str], health: bool = True) -> None:
         config = public_config(self.cfg)
         pids = self.ray.get([c.actor.start.remote(argv, config) for c in components])
@@ -275,6 +313,8 @@ class Cluster:
         if component.kind == "trainer" and code == 0:
             component.state = "finished"
             return None
+        if component.kind == "trainer" and len(self.of("trainer")) > 1:
+            return self._restart_trainers(component, f"exited with {code}")
         return self._restart(component, f"exited with {code}")
 
     def _check_runner(self, component: Component) -> str | None:
@@ -306,6 +346,27 @@ class Cluster:
             self._reload_weights(component)
         component.state = "running"
         self.say(f"{component.name} restarted ({component.restarts} of {self.cfg.ray.max_restarts})")
+        return None
+
+    def _restart_trainers(self, component: Component, why: str) -> str | None:
+        """One rank of several died: the others cannot go on (a step and a checkpoint need every
+        rank), so all of them start again, with the same ranks, and resume from the last checkpoint.
+        The restarts are counted on rank 0's component."""
+        self.say(f"{component.name} {why}; see {self.logs / component.name}.log")
+        trainers = self.of("trainer")
+        main = trainers[0]
+        if main.restarts >= self.cfg.ray.max_restarts:
+            return f"{component.name} {why} and the trainer was restarted {main.restarts} times already"
+        main.restarts += 1
+        self.copy_logs()
+        # The survivors wait in a collective for the dead rank: rank 0 is asked to stop, the others
+        # ignore SIGTERM (rank 0 leads their shutdown) and are killed after a short wait.
+        self.ray.get([t.actor.stop.remote(30) for t in trainers], timeout=120)
+        pids = self.ray.get([t.actor.restart.remote() for t in trainers])
+        for trainer, pid in zip(trainers, pids):
+            self.write_pid(trainer, pid)
+            trainer.state = "running"
+        self.say(f"the trainer's {len(trainers)} processes restarted ({main.restarts} of {self.cfg.ray.max_restarts})")
         return None
 
     def _reload_weights(self, engine: Component) -> None:
@@ -374,9 +435,12 @@ class Cluster:
         with contextlib.suppress(ray.exceptions.RayError):
             ray.get([c.actor.stop.remote(60) for c in self.of("runner")], timeout=120)
         trainer_code = None
-        for trainer in self.of("trainer"):
+        for rank, trainer in enumerate(self.of("trainer")):
+            # Rank 0 checkpoints (with every rank) and then tells the others to exit: they get less time.
+            timeout = 300 if rank == 0 else 30
             with contextlib.suppress(ray.exceptions.RayError):
-                trainer_code = ray.get(trainer.actor.stop.remote(300), timeout=360)
+                code = ray.get(trainer.actor.stop.remote(timeout), timeout=timeout + 60)
+                trainer_code = code if trainer_code in (0, None) else trainer_code
         self.save_metrics()
         rest = self.of("front") + self.of("proxy") + self.of("engine")
         with contextlib.suppress(ray.exceptions.RayError):
@@ -416,10 +480,12 @@ def _bring_up(cluster: Cluster) -> str:
     engine_res, proxy_res = (r.engine_cpus, r.engine_gpus, r.engine_npus), (r.proxy_cpus, r.proxy_gpus, r.proxy_npus)
     engines = [cluster.add_process(f"engine-{i}", "engine", *engine_res) for i in range(r.engine_servers)]
     proxies = [cluster.add_process(f"proxy-{i}", "proxy", *proxy_res) for i in range(r.proxy_replicas)]
-    trainer = cluster.add_process("trainer", "trainer", r.trainer_cpus, r.trainer_gpus, r.trainer_npus)
+    trainer_res = (r.trainer_cpus, r.trainer_gpus, r.trainer_npus)
+    trainers = [cluster.add_process(name, "trainer", *trainer_res) for name in trainer_names(cfg)]
     for i in range(r.runners):
         cluster.add_runner(f"runner-{i}")
-    cluster.place([front, *engines, *proxies, trainer])
+    cluster.place([front, *engines, *proxies, *trainers])
+    cluster.join(trainers)
     if engines:
         cfg.engine.urls = [e.url for e in engines]  # first: the sglang backend needs them
         cfg.engine.backend = "sglang"
@@ -435,7 +501,7 @@ def _bring_up(cluster: Cluster) -> str:
     cluster.start([front], [a.format(kind="front") for a in serve])
     cluster.say(f"front at {front.url} over {', '.join(cfg.front.replicas)}")
     cluster.mark_stop(False)  # a STOP left by an earlier run would end this one at once
-    cluster.start([trainer], ["-m", "trainer.loop"], health=False)
+    cluster.start(trainers, ["-m", "trainer.loop"], health=False)
     cluster.start_runners(front.url)
     return front.url
 
@@ -456,7 +522,7 @@ def _supervise(cluster: Cluster, console: Console, stop: threading.Event) -> int
                 if problem:
                     cluster.say(f"stopping the run: {problem}")
                     return 1
-                if any(c.state == "finished" for c in cluster.of("trainer")):
+                if cluster.of("trainer")[0].state == "finished":  # rank 0, which ends the others
                     return 0
                 runners = cluster.of("runner")
                 if not cluster.stop_marked and runners and all(c.state == "done" for c in runners):

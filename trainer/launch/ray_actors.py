@@ -96,6 +96,10 @@ class ProcessActor:
         self.starts += 1
         return self.proc.pid
 
+    def set_env(self, env: dict[str, str]) -> None:
+        """More environment for the child, from its next start (a trainer rank's place in its group)."""
+        self.env = {**self.env, **env}
+
     def restart(self) -> int:
         self.stop(timeout=30)
         return self._spawn()

@@ -104,3 +104,25 @@ def test_two_trainer_actors_join_one_group_and_restart_together(tmp_path):
         assert cluster.stop() == 0
     finally:
         ray.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_ray_run_with_two_trainer_processes(tmp_path):
+    """The arithmetic example end to end with the trainer as two ranks (gloo on CPU): the same
+    invariants as one trainer process, and rank 1 logged its place in the group."""
+    pytest.importorskip("ray")
+    import subprocess
+    import sys
+
+    from tests.conftest import fresh_pg_database
+    from tests.scaleout.test_ray_launcher import check_run, write_config
+
+    with fresh_pg_database() as db_url:
+        config = write_config(tmp_path, db_url, max_steps=2)
+        args = [sys.executable, "-m", "proxy.cli", "train", str(config), "--launcher", "ray"]
+        args += ["--set", "trainer.processes=2"]
+        proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        check_run(tmp_path / "run", db_url, max_steps=2)
+        assert "rank 1 of 2" in (tmp_path / "run" / "logs" / "trainer-1.log").read_text()

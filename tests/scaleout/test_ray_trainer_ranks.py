@@ -21,12 +21,15 @@ from trainer.launch.ray import check_config, demand, rank_env, trainer_names
 PG = ["store.url=postgresql+psycopg://postgres@127.0.0.1/areal"]
 
 # A stand-in for `python -m trainer.loop`: joins the group from the launcher's environment, writes
-# the sum of every rank's (rank + 1), then waits with the others until `done` exists.
+# the sum of every rank's (rank + 1), then waits with the others until `done` exists. Like the
+# trainer's, ranks other than 0 leave SIGTERM to rank 0 (they end when it does).
 RANK_SCRIPT = """
-import datetime, os, sys, time
+import datetime, os, signal, sys, time
 from pathlib import Path
 import torch, torch.distributed as dist
 
+if os.environ["RANK"] != "0":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 out = Path(sys.argv[1])
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 total = torch.tensor([dist.get_rank() + 1.0])

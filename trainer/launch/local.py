@@ -86,8 +86,9 @@ class Children:
 
     def stop_trainers(self, ranks: list[subprocess.Popen], timeout: float) -> int | None:
         """Rank 0 is asked to stop (it checkpoints, with the others, and tells them to exit); if a rank
-        is already dead nothing collective can finish, so the rest are killed. The first failure's code."""
-        if any(p.poll() is not None for p in ranks[1:]):
+        is already dead nothing collective can finish, so the rest are killed (rank 0 gone with an
+        error included: the others ignore SIGTERM, which is rank 0's to act on). The first failure's code."""
+        if any(p.poll() is not None for p in ranks[1:]) or ranks[0].poll() not in (0, None):
             for p in ranks:
                 if p.poll() is None:
                     p.kill()

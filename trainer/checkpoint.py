@@ -105,6 +105,14 @@ def save(
         tokenizer.save_pretrained(tmp)
     torch.save({"optimizer": optimizer.state_dict(), "rng": _rng_state()}, tmp / "trainer.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state)))
+    _publish(tmp, final, keep)
+    return final
+
+
+def _publish(tmp: Path, final: Path, keep: int) -> None:
+    """Make the written folder `tmp` the checkpoint `final`: everything on disk, then the rename (and
+    the rename itself on disk); only the newest `keep` checkpoints stay."""
+    root = final.parent
     _fsync_tree(tmp)
     if final.exists():
         shutil.rmtree(final)
@@ -112,7 +120,6 @@ def save(
     _fsync_dir(root)
     for old in sorted(p for p in root.iterdir() if p.name.startswith("step_"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 SHARDED_OPTIMIZER = "optimizer"
@@ -151,13 +158,7 @@ def save_sharded(
             tokenizer.save_pretrained(tmp)
         torch.save({"rng": _rng_state()}, tmp / "trainer.pt")
         (tmp / "trainer_state.json").write_text(json.dumps(asdict(state)))
-        _fsync_tree(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        for old in sorted(p for p in root.iterdir() if p.name.startswith("step_"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        _publish(tmp, final, keep)
     dist.barrier()  # no rank goes on (or is killed for good) before the rename
     return final
 

@@ -13,8 +13,9 @@ from transformers import AutoModelForCausalLM
 from proxy.config import Config
 from proxy.runtime.adapters import is_adapter, load_adapter, merge
 from tests.conftest import tiny_llama
+from tests.trainer.test_batch_step import sample
 from trainer import checkpoint, policy
-from trainer.batch import Sample, pack
+from trainer.batch import pack
 from trainer.config import LoraConfig, TrainerConfig
 from trainer.step import train_step
 from trainer.weights import write_adapter
@@ -36,15 +37,7 @@ def lora_config(**trainer) -> Config:
 
 
 def batch() -> list:
-    samples = [
-        Sample([5, 6, 7, 8, 9], [0, 0, 0, 1, 1], [-1.0, -1.0], [0, 0], [1.0, 1.0], 1.0),
-        Sample([5, 6, 7, 10, 11], [0, 0, 0, 1, 1], [-1.0, -1.0], [0, 0], [-1.0, -1.0], 1.0),
-    ]
-    for s in samples:  # the full-length per-token lists Sample holds
-        p = s.prefix_len
-        s.behav_logprobs = [0.0] * p + s.behav_logprobs
-        s.versions = [-1] * p + s.versions
-        s.advantages = [0.0] * p + s.advantages
+    samples = [sample([5, 6, 7, 8, 9], [0, 0, 0, 1, 1], 1.0), sample([5, 6, 7, 10, 11], [0, 0, 0, 1, 1], -1.0)]
     return pack(samples, 8192, 0)
 
 

@@ -5,6 +5,7 @@ import copy
 import torch
 
 from tests.conftest import tiny_llama
+from tests.trainer.test_batch_step import sample
 from trainer.batch import Sample, pack
 from trainer.config import TrainerConfig
 from trainer.memory import GIB, ModelShape, microbatch_budget, pass_bytes
@@ -12,16 +13,7 @@ from trainer.step import microbatches, padded_cost, train_step
 
 
 def _sample(prefix: list[int], reply: list[int], adv: float) -> Sample:
-    ids = prefix + reply
-    mask = [0] * len(prefix) + [1] * len(reply)
-    return Sample(
-        input_ids=ids,
-        loss_mask=mask,
-        behav_logprobs=[-1.0 * m for m in mask],
-        versions=[0 if m else -1 for m in mask],
-        advantages=[adv * m for m in mask],
-        temperature=1.0,
-    )
+    return sample(prefix + reply, [0] * len(prefix) + [1] * len(reply), adv)
 
 
 def _groups():

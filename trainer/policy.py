@@ -85,33 +85,28 @@ def merged_state_dict_save(peft_model: Any, target: Path) -> None:
     save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
 
 
-def merged_state_dict(peft_model: Any) -> dict[str, torch.Tensor]:
-    """The base model's state dict (its own names) with every adapter's update added to the weight it
-    adapts: W + (alpha / rank) · B A, computed in float32 and cast back to W's dtype."""
+def merged_state_dict(peft_model: Any, adapter_name: str = "default") -> dict[str, torch.Tensor]:
+    """The base model's state dict (its own names) with every adapter's update merged into the weight
+    it adapts, by the same `merge` the embedded engine applies to a pushed adapter."""
     from peft.tuners.lora import LoraLayer
 
+    from proxy.runtime.adapters import Adapter, merge
+
     base = peft_model.get_base_model()
-    deltas: dict[str, torch.Tensor] = {}
+    adapter = Adapter()
     for name, module in base.named_modules():
         if isinstance(module, LoraLayer):
-            deltas[f"{name}.weight"] = lora_delta(module)
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in base.state_dict().items():
-        if ".lora_" in name or "lora_dropout" in name:
-            continue
-        key = name.replace(".base_layer.", ".")
-        value = tensor.detach()
-        if key in deltas:
-            value = (value.float() + deltas[key]).to(value.dtype)
-        out[key] = value
-    return out
-
-
-def lora_delta(module: Any, adapter: str = "default") -> torch.Tensor:
-    """(alpha / rank) · B A of one adapted linear layer, float32, shaped like its weight."""
-    a = module.lora_A[adapter].weight.detach().float()
-    b = module.lora_B[adapter].weight.detach().float()
-    return (b @ a) * float(module.scaling[adapter])
+            key = f"{name}.weight"
+            a, b = module.lora_A[adapter_name].weight.detach(), module.lora_B[adapter_name].weight.detach()
+            adapter.pairs[key] = (a, b)
+            adapter.scaling[key] = float(module.scaling[adapter_name])
+    state = {
+        name.replace(".base_layer.", "."): tensor.detach()
+        for name, tensor in base.state_dict().items()
+        if ".lora_" not in name and "lora_dropout" not in name
+    }
+    state.update(merge(state, adapter))
+    return state
 
 
 def build(

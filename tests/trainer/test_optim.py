@@ -97,3 +97,26 @@ def test_adamw_8bit_reduces_the_loss():
     assert losses[-1] < losses[0] - 0.5
     quantised = [s for s in optimizer.state.values() if "exp_avg" in s and "8" in type(s["exp_avg"]).__name__]
     assert quantised  # the moments of the large tensors are 8-bit
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao (the lowmem extra) not installed")
+def test_adamw_8bit_state_dict_round_trips_through_weights_only_load():
+    # Checkpoints load the optimizer with weights_only=True: torchao's 8-bit state tensors must pass it.
+    o = OptimConfig(name="adamw_8bit", lr=1e-3)
+    model = tiny_llama(hidden_size=256, intermediate_size=512)
+    optimizer = build_optimizer(list(model.parameters()), o, CPU)
+    _steps(model, optimizer, 2)
+    buffer = io.BytesIO()
+    torch.save({"optimizer": optimizer.state_dict(), "model": model.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    _steps(model, optimizer, 1)
+    want = [p.detach().clone() for p in model.parameters()]
+
+    resumed = tiny_llama(hidden_size=256, intermediate_size=512)
+    resumed.load_state_dict(saved["model"])
+    again = build_optimizer(list(resumed.parameters()), o, CPU)
+    again.load_state_dict(saved["optimizer"])
+    _steps(resumed, again, 1)
+    for a, b in zip(resumed.parameters(), want):
+        torch.testing.assert_close(a.detach(), b, rtol=0, atol=0)

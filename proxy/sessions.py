@@ -210,6 +210,7 @@ class SessionService:
         reference: str | None,
         seed: int | None = None,
         count: int = 1,
+        evaluation: bool = False,
         guard: Callable[[Connection, int], APIError | None] | None = None,
     ) -> list[tuple[SessionInfo, str]]:
         """Create `count` sessions in one transaction; (info, key) for each.
@@ -234,6 +235,7 @@ class SessionService:
                 "reward_fn": reward_fn,
                 "reference": reference,
                 "seed": None if seed is None else seed if count == 1 else derive_seed(seed, i),
+                "eval": evaluation,
                 "num_completions": 0,
                 "created_at": now,
                 "updated_at": now,

@@ -59,7 +59,7 @@ async def create_session(request: Request, _: Admin, state: State, body: CreateS
             resolve_reward(body.reward_fn)
         except (KeyError, ValueError) as exc:
             raise invalid_request(str(exc.args[0] if exc.args else exc), "reward_fn") from None
-    guard = state.admission.check if state.admission else None
+    guard = state.admission.check if state.admission and not body.eval else None
     created = await state.sessions.create(
         task_id=None if body.task_id is None else str(body.task_id),
         group_id=None if body.group_id is None else str(body.group_id),
@@ -68,6 +68,7 @@ async def create_session(request: Request, _: Admin, state: State, body: CreateS
         reference=None if body.reference is None else str(body.reference),
         seed=body.seed,
         count=body.count or 1,
+        evaluation=body.eval,
         guard=guard,
     )
     base = (state.cfg.proxy.public_url or str(request.base_url)).rstrip("/")
@@ -92,8 +93,8 @@ async def fail_session(
 @router.get("/sessions")
 async def list_sessions(query: Annotated[SessionList, Query()], _: Admin, state: State) -> Response:
     def read(conn: Any) -> dict[str, Any]:
-        rows = recent_sessions(conn, query.status, query.limit, query.offset)
-        total = count_sessions(conn, query.status)
+        rows = recent_sessions(conn, query.status, query.limit, query.offset, evaluation=query.eval)
+        total = count_sessions(conn, query.status, evaluation=query.eval)
         return {"object": "list", "total": total, "data": [_session_summary(r) for r in rows]}
 
     return json_response(await state.db.aread(read))
@@ -106,6 +107,7 @@ def _session_summary(r: Any) -> dict[str, Any]:
         "task_id": r.task_id,
         "group_id": r.group_id,
         "auto": r.auto,
+        "eval": r.eval,
         "reward": r.reward,
         "failure": r.failure,
         "num_completions": r.num_completions,

@@ -33,6 +33,8 @@ class CreateSession(Wire):
     """Sampling seed of the session's calls that set none; sessions of a group get one each, derived from it."""
     count: Annotated[int, Field(ge=1, le=1024)] | None = None
     """Create a group of this many sessions at once (admitted or refused together)."""
+    eval: bool = False
+    """Evaluation sessions: recorded and scored, never claimed by a trainer nor held by admission control."""
 
 
 class SetReward(Wire):
@@ -68,5 +70,7 @@ class SessionList(Wire):
     model_config = ConfigDict(extra="ignore", strict=False, allow_inf_nan=False)
 
     status: SessionStatus | None = None
+    eval: bool | None = None
+    """Only evaluation sessions (true) or only training ones (false)."""
     limit: Annotated[int, Field(ge=1, le=10_000)] = 100
     offset: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0

@@ -43,7 +43,7 @@ def _scan(conn: Connection, limit: int) -> tuple[list[Row], set[str]]:
     groups among them that cannot be claimed whole yet."""
     query = (
         select(sessions.c.id, sessions.c.group_id, sessions.c.task_id, sessions.c.min_version, sessions.c.finished_at)
-        .where(sessions.c.status == "finished", sessions.c.auto.is_(False))
+        .where(sessions.c.status == "finished", sessions.c.auto.is_(False), sessions.c.eval.is_(False))
         .order_by(sessions.c.finished_at, sessions.c.id)
         .limit(limit)
     )
@@ -61,7 +61,7 @@ def _scan(conn: Connection, limit: int) -> tuple[list[Row], set[str]]:
         members = select(sessions.c.id, sessions.c.group_id, sessions.c.status).where(
             sessions.c.group_id.in_(named),
             sessions.c.status.in_(("open", "finished")),
-            sessions.c.auto.is_(False),
+            sessions.c.auto.is_(False), sessions.c.eval.is_(False),
         )
         for member in conn.execute(members):
             if member.status == "open" or member.id not in held:
@@ -165,7 +165,7 @@ def trained_count(conn: Connection) -> dict[str, int]:
     """Sessions by fate, for progress and for the exactly-once checks."""
     rows = conn.execute(
         select(sessions.c.status, sessions.c.consumed_step, func.count())
-        .where(sessions.c.auto.is_(False))
+        .where(sessions.c.auto.is_(False), sessions.c.eval.is_(False))
         .group_by(sessions.c.status, sessions.c.consumed_step)
     ).all()
     out = {"open": 0, "finished": 0, "training": 0, "trained": 0, "dropped_stale": 0, "skipped": 0, "failed": 0}

@@ -105,19 +105,25 @@ def fail_open_sessions(conn: Connection, failure: str, now: float) -> int:
     return done.rowcount
 
 
-def recent_sessions(conn: Connection, status: str | None, limit: int, offset: int = 0) -> list[Row]:
-    """Sessions, newest first, optionally of one status."""
+def recent_sessions(
+    conn: Connection, status: str | None, limit: int, offset: int = 0, *, evaluation: bool | None = None
+) -> list[Row]:
+    """Sessions, newest first, optionally of one status and only evaluation (or training) ones."""
     query = select(sessions).order_by(sessions.c.created_at.desc()).limit(limit).offset(offset)
-    if status:
-        query = query.where(sessions.c.status == status)
-    return list(conn.execute(query).all())
+    return list(conn.execute(_filtered(query, status, evaluation)).all())
 
 
-def count_sessions(conn: Connection, status: str | None) -> int:
+def count_sessions(conn: Connection, status: str | None, *, evaluation: bool | None = None) -> int:
     query = select(func.count()).select_from(sessions)
+    return int(conn.execute(_filtered(query, status, evaluation)).scalar() or 0)
+
+
+def _filtered(query: Any, status: str | None, evaluation: bool | None) -> Any:
     if status:
         query = query.where(sessions.c.status == status)
-    return int(conn.execute(query).scalar() or 0)
+    if evaluation is not None:
+        query = query.where(sessions.c.eval.is_(evaluation))
+    return query
 
 
 def lock_admission(conn: Connection) -> None:
@@ -130,10 +136,15 @@ def lock_admission(conn: Connection) -> None:
 
 
 def unconsumed_count(conn: Connection) -> int:
-    """Named sessions not yet in the engine's weights: open, finished, or in a running step."""
+    """Named training sessions not yet in the engine's weights: open, finished, or in a running step
+    (evaluation sessions are never trained on, so they are never ahead of the trainer)."""
     query = (
         select(func.count())
         .select_from(sessions)
-        .where(sessions.c.status.in_(("open", "finished", "training")), sessions.c.auto.is_(False))
+        .where(
+            sessions.c.status.in_(("open", "finished", "training")),
+            sessions.c.auto.is_(False),
+            sessions.c.eval.is_(False),
+        )
     )
     return int(conn.execute(query).scalar() or 0)

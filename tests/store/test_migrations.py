@@ -41,12 +41,14 @@ def legacy_store(url: str, version: int) -> None:
     """A store as the pre-Alembic step list left it at `version`, with one session and one completion."""
     engine = create_engine(url)
     with engine.begin() as conn:
-        # Step 1 of the releases before `seed`: the schema of then (no status index, no seed, no claimed_step).
+        # Step 1 of the releases before `seed`: the schema of then (no status index, no seed, no claimed_step,
+        # no eval).
         Base.metadata.create_all(conn)
         conn.execute(text("DROP INDEX ix_sessions_status_updated"))
         conn.execute(text("DROP INDEX ix_sessions_claimed_step"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN seed"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN claimed_step"))
+        conn.execute(text("ALTER TABLE sessions DROP COLUMN eval"))
         if version >= 2:
             conn.execute(text("CREATE INDEX IF NOT EXISTS ix_sessions_status_updated ON sessions (status, updated_at)"))
         if version >= 3:
@@ -88,7 +90,7 @@ def legacy_store(url: str, version: int) -> None:
 def test_a_fresh_store_reaches_head_with_the_schema_of_schema_py(url):
     db = open_store(url)
     try:
-        assert db.read(current_revision) == head_revision() == "0004"
+        assert db.read(current_revision) == head_revision() == "0005"
         assert schema_drift(db) == []
         assert not db.read(lambda c: inspect(c).has_table("schema_version"))
     finally:

@@ -149,7 +149,7 @@ class CompletionService:
             prompt=prompt,
             segment=segment,
             hashes=hashes,
-            params=self._sampling(request, prompt.ids, session.seed if session else None, call_grammar),
+            params=self._sampling(request, prompt.ids, session, call_grammar),
         )
 
     async def prepare_raw(
@@ -170,7 +170,7 @@ class CompletionService:
         if not ids:
             raise invalid_request("the prompt is empty", "prompt")
         try:
-            params = self._sampling(request, ids, session.seed if session else None)
+            params = self._sampling(request, ids, session)
         except APIError as exc:  # the context check names chat's messages: here it is the prompt or max_tokens
             exc.param = "prompt" if len(ids) >= self.engine.info.max_context else "max_tokens"
             raise
@@ -210,8 +210,9 @@ class CompletionService:
         return forced, call_grammar
 
     def _sampling(
-        self, request: ChatRequest, prompt_ids: list[int], session_seed: int | None, call_grammar: str | None = None
+        self, request: ChatRequest, prompt_ids: list[int], session: SessionInfo | None, call_grammar: str | None = None
     ) -> SamplingParams:
+        session_seed = session.seed if session else None
         prompt_len = len(prompt_ids)
         room = self.engine.info.max_context - prompt_len
         if room < 1:
@@ -231,7 +232,7 @@ class CompletionService:
                 raise invalid_request(f"the JSON schema is not supported: {error}", "response_format")
         return SamplingParams(
             max_new_tokens=request.max_tokens or min(self.default_max_tokens, room),
-            temperature=request.temperature,
+            temperature=request.temperature if session is None or session.temperature is None else session.temperature,
             top_p=request.top_p,
             top_k=request.top_k,
             seed=request.seed

@@ -45,6 +45,7 @@ class SessionInfo:
     reward_fn: str | None = None
     reference: str | None = None
     seed: int | None = None  # sampling seed of its calls that set none (proxy/seeds.py)
+    temperature: float | None = None  # forced on every call (an evaluation at a chosen temperature)
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,7 @@ class SessionService:
             reward_fn=row.reward_fn,
             reference=row.reference,
             seed=row.seed,
+            temperature=row.temperature,
         )
         self.recent.put(info)
         return info
@@ -211,6 +213,7 @@ class SessionService:
         seed: int | None = None,
         count: int = 1,
         evaluation: bool = False,
+        temperature: float | None = None,
         guard: Callable[[Connection, int], APIError | None] | None = None,
     ) -> list[tuple[SessionInfo, str]]:
         """Create `count` sessions in one transaction; (info, key) for each.
@@ -219,6 +222,8 @@ class SessionService:
 
         `guard(conn, count)` runs first in that transaction and may refuse by returning the error
         to raise: admission control counts and inserts atomically, whichever replica serves it.
+        `evaluation` sessions are recorded and scored like any other but never trained on; a
+        `temperature` is forced on every call they make.
         """
         now = time.time()
         made = []
@@ -236,6 +241,7 @@ class SessionService:
                 "reference": reference,
                 "seed": None if seed is None else seed if count == 1 else derive_seed(seed, i),
                 "eval": evaluation,
+                "temperature": temperature,
                 "num_completions": 0,
                 "created_at": now,
                 "updated_at": now,
@@ -261,6 +267,7 @@ class SessionService:
                 reward_fn=reward_fn,
                 reference=reference,
                 seed=row["seed"],
+                temperature=temperature,
             )
             self.recent.put(info)
             out.append((info, key))

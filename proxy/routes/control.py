@@ -69,6 +69,7 @@ async def create_session(request: Request, _: Admin, state: State, body: CreateS
         seed=body.seed,
         count=body.count or 1,
         evaluation=body.eval,
+        temperature=body.temperature,
         guard=guard,
     )
     base = (state.cfg.proxy.public_url or str(request.base_url)).rstrip("/")

@@ -35,6 +35,8 @@ class CreateSession(Wire):
     """Create a group of this many sessions at once (admitted or refused together)."""
     eval: bool = False
     """Evaluation sessions: recorded and scored, never claimed by a trainer nor held by admission control."""
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    """The sampling temperature of every call of the session(s), whatever the calls ask (0: greedy)."""
 
 
 class SetReward(Wire):

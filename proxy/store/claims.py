@@ -61,7 +61,8 @@ def _scan(conn: Connection, limit: int) -> tuple[list[Row], set[str]]:
         members = select(sessions.c.id, sessions.c.group_id, sessions.c.status).where(
             sessions.c.group_id.in_(named),
             sessions.c.status.in_(("open", "finished")),
-            sessions.c.auto.is_(False), sessions.c.eval.is_(False),
+            sessions.c.auto.is_(False),
+            sessions.c.eval.is_(False),
         )
         for member in conn.execute(members):
             if member.status == "open" or member.id not in held:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, false, BigInteger, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -49,6 +49,7 @@ class SessionRow(Base):
     claimed_step: Mapped[int | None] = mapped_column(Integer, index=True)  # trainer step that claimed it
     seed: Mapped[int | None] = mapped_column(BigInteger)  # sampling seed of calls that set none (derived per prompt)
     eval: Mapped[bool] = mapped_column(Boolean, server_default=false())  # evaluation: never trained on
+    temperature: Mapped[float | None] = mapped_column(Float)  # forced on every call of the session (evaluation)
 
     # Status + age is how admission control and the timeout sweeper scan sessions.
     __table_args__ = (Index("ix_sessions_status_updated", "status", "updated_at"),)

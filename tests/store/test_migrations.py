@@ -42,13 +42,14 @@ def legacy_store(url: str, version: int) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         # Step 1 of the releases before `seed`: the schema of then (no status index, no seed, no claimed_step,
-        # no eval).
+        # no eval, no temperature).
         Base.metadata.create_all(conn)
         conn.execute(text("DROP INDEX ix_sessions_status_updated"))
         conn.execute(text("DROP INDEX ix_sessions_claimed_step"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN seed"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN claimed_step"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN eval"))
+        conn.execute(text("ALTER TABLE sessions DROP COLUMN temperature"))
         if version >= 2:
             conn.execute(text("CREATE INDEX IF NOT EXISTS ix_sessions_status_updated ON sessions (status, updated_at)"))
         if version >= 3:

@@ -164,16 +164,7 @@ class EpisodeRunner:
     async def _create_group(
         self, task: dict[str, Any], group_id: str, size: int, stop: asyncio.Event
     ) -> list[dict] | None:
-        body = {
-            "count": size,
-            "task_id": str(task["id"]),
-            "group_id": group_id,
-            "reward_fn": self.cfg.reward_fn or None,
-            "reference": task.get("reference"),
-            "metadata": task.get("metadata") or {},
-            # Each group samples from its own seed: the run's rollouts are a function of its seeds.
-            "seed": derive_seed(self.cfg.seed, group_id),
-        }
+        body = self._group_body(task, group_id, size)
         delay = 0.5
         while not stop.is_set():
             try:
@@ -192,6 +183,19 @@ class EpisodeRunner:
                 continue
             raise RuntimeError(f"POST /sessions failed: {r.status_code} {r.text}")
         return None
+
+    def _group_body(self, task: dict[str, Any], group_id: str, size: int) -> dict[str, Any]:
+        """The POST /sessions body that creates a task's group."""
+        return {
+            "count": size,
+            "task_id": str(task["id"]),
+            "group_id": group_id,
+            "reward_fn": self.cfg.reward_fn or None,
+            "reference": task.get("reference"),
+            "metadata": task.get("metadata") or {},
+            # Each group samples from its own seed: the run's rollouts are a function of its seeds.
+            "seed": derive_seed(self.cfg.seed, group_id),
+        }
 
     async def _episode(
         self, task: dict[str, Any], group_id: str, session: dict[str, Any], slots: asyncio.Semaphore

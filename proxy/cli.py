@@ -1,4 +1,4 @@
-"""The `areal-proxy` command: serve, train, engine, front, export, sessions, rewards.
+"""The `areal-proxy` command: serve, train, eval, engine, front, export, sessions, rewards.
 
 Every subcommand takes `--config FILE` and repeatable `--set section.key=value`
 overrides; flags like `--port` are shortcuts for such overrides. Heavy imports
@@ -70,6 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
     front.add_argument("--host", help="interface to bind ([front] host)")
     front.add_argument("--port", type=int, help="TCP port ([front] port)")
     front.add_argument("--replicas", metavar="URL,URL", help="proxy replica base URLs ([front] replicas)")
+
+    evaluate = sub.add_parser("eval", help="evaluate the config's agent on held-out tasks (never trained on)")
+    evaluate.add_argument("config_file", nargs="?", metavar="CONFIG", help="run configuration (TOML)")
+    _common(evaluate)
+    evaluate.add_argument("--model", help="model id, path or checkpoint to evaluate; `best` or `latest` of the run")
+    evaluate.add_argument("--compare", metavar="OTHER", help="a second model: same tasks and seeds, paired difference")
+    evaluate.add_argument("--split", help="dataset split ([eval] split, default eval)")
+    evaluate.add_argument("--samples", type=int, help="episodes per task, for pass@k ([eval] samples)")
+    evaluate.add_argument(
+        "--temperature", type=float, help="forced sampling temperature, 0 greedy ([eval] temperature)"
+    )
+    evaluate.add_argument("--max-tasks", type=int, help="only the first N tasks ([eval] max_tasks)")
+    evaluate.add_argument("--url", help="evaluate through this running proxy instead of starting one")
+    evaluate.add_argument("--name", help="name of the evaluation (its sessions' groups are eval:NAME-...)")
+    evaluate.add_argument("--out", help="report JSON (default: {trainer.run_dir}/evals/NAME.json)")
+    evaluate.add_argument("--db", help="store URL ([store] url)")
+    evaluate.add_argument("--device", choices=DEVICES, help="engine device ([engine] device)")
 
     export = sub.add_parser("export", help="write finished sessions as training samples")
     _common(export)
@@ -187,6 +204,28 @@ def cmd_front(args: argparse.Namespace) -> int:
     return serve_front(cfg)
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    options = {
+        "store.url": args.db,
+        "engine.device": args.device,
+        "eval.split": args.split,
+        "eval.samples": args.samples,
+        "eval.temperature": args.temperature,
+        "eval.max_tasks": args.max_tasks,
+    }
+    cfg = load_config(args.config_file or args.config, args.overrides, **options)
+    _setup_logging("warning")
+    from evaluation.cli import print_result, run_eval
+
+    try:
+        result, path = run_eval(cfg, model=args.model, compare=args.compare, url=args.url, name=args.name, out=args.out)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"areal-proxy eval: {exc}", file=sys.stderr)
+        return 2
+    print_result(result, path)
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     path = args.config_file or args.config
     cfg = load_config(path, args.overrides, **{"store.url": args.db, "engine.device": args.device})
@@ -207,6 +246,7 @@ COMMANDS = {
     "train": cmd_train,
     "engine": cmd_engine,
     "front": cmd_front,
+    "eval": cmd_eval,
     "export": cmd_export,
     "sessions": cmd_sessions,
     "rewards": cmd_rewards,

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from pydantic import Field, ValidationError, model_validator
 
 from adapters.config import RolloutConfig
+from evaluation.config import EvalConfig
 from proxy.engines.config import EngineConfig
 from proxy.sections import DEVICES, Device, Section
 from proxy.store.config import StoreConfig
@@ -34,6 +35,7 @@ __all__ = [
     "ConfigError",
     "Device",
     "EngineConfig",
+    "EvalConfig",
     "FrontConfig",
     "OptimConfig",
     "ProxyConfig",
@@ -107,6 +109,7 @@ class Config(Section):
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     front: FrontConfig = Field(default_factory=FrontConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from evaluation.during import PeriodicEval
 from proxy.config import Config
 from proxy.runtime.devices import DTYPES, select_device, warn_if_emulated_bf16
 from proxy.runtime.model_files import resolve_model
@@ -112,6 +113,7 @@ class Trainer:
         self.lr = self.tcfg.optim.lr  # the last step's learning rate
         self._clock = time.time()  # when the loop started, less the time of the runs it resumes
         self._dirty = False  # an optimizer step ran for a step not yet counted in self.state
+        self.evals: PeriodicEval | None = None  # [eval] every_steps / every_minutes: rank 0 evaluates
 
     # -- setup ----------------------------------------------------------------------
     def setup(self) -> None:
@@ -159,6 +161,11 @@ class Trainer:
                 log.info("no checkpoint yet; %d sessions claimed by earlier steps handed back", released)
                 self._audit({"resume_from": 0, "handed_back": released})
             self.state.version = self.sync.engine_version()
+        if self.cfg.eval.periodic:
+            self.evals = PeriodicEval(self.cfg, self.run_dir, proxy_url(self.cfg))
+            self.evals.last_step = self.state.step
+            if self.state.step == 0:  # the starting policy: where the curve begins
+                self.evals.start(0, self.state.version, None)
 
     def _shard(self, model: Any) -> None:
         self.sharded = distributed.Sharded(model)
@@ -180,6 +187,7 @@ class Trainer:
         idle_since = time.time()
         batch = _Batch()
         finished = False
+        saved: Path | None = None
         try:
             while not self.stopping and not self._done():
                 started = time.time()
@@ -221,7 +229,11 @@ class Trainer:
             elif self.state.step > 0 and self.optimizer is not None and (finished or not self.rank.distributed):
                 # (several processes: after an error, another rank may be gone, and saving is collective)
                 self.state.elapsed_s = self._elapsed()
-                self._save()
+                saved = self._save()
+            if self.evals is not None:
+                if finished and not self.stopping and self.optimizer is not None:
+                    self._final_eval(saved)
+                self.evals.close()
             if finished:
                 self._tell("stop")
             self.metrics.close()
@@ -274,13 +286,18 @@ class Trainer:
         self.state.samples += len(samples)
         self.state.sessions_trained += len(train_on)
         push_s = 0.0
-        if result is not None and step % self.tcfg.weight_sync_every == 0:
+        pushed = result is not None and step % self.tcfg.weight_sync_every == 0
+        if pushed:
+            self._finish_eval(wait=True)  # an evaluation samples only the version it evaluates
             push_s = self._push(self.state.version + 1)
             self.state.version += 1
         self.db.transaction(lambda c: end_step(c, step))
+        saved = None
         if step % self.tcfg.checkpoint.every == 0:
             self.state.elapsed_s = self._elapsed()
-            self._save()
+            saved = self._save()
+        if pushed and self.evals is not None and self.evals.due(step):
+            self._start_eval(step, saved)
         warning = self.stall.update(len(samples), [x.reward for x in sessions])
         self._log(
             step,
@@ -297,6 +314,44 @@ class Trainer:
         )
         if warning:
             log.warning(warning)
+        self._finish_eval(wait=False)  # an evaluation that ended meanwhile is logged now
+
+    def _start_eval(self, step: int, saved: Path | None) -> None:
+        """Evaluate the weights just pushed; with `keep_best` their checkpoint is saved first."""
+        assert self.evals is not None
+        if self.cfg.eval.keep_best and saved is None:
+            self.state.elapsed_s = self._elapsed()
+            saved = self._save()
+        self.evals.start(step, self.state.version, saved)
+
+    def _finish_eval(self, *, wait: bool) -> None:
+        if self.evals is None:
+            return
+        done = self.evals.collect(wait=wait)
+        if done is None:
+            return
+        values = self.evals.metrics(done)
+        self.metrics.log(done.step, values)
+        if done.report is not None:
+            acc = done.report["accuracy"]
+            log.info(
+                "eval of step %d (v%d): accuracy %.3f [%.3f, %.3f] over %d episodes",
+                done.step,
+                done.version,
+                acc["value"],
+                acc["low"],
+                acc["high"],
+                done.report["episodes"],
+            )
+
+    def _final_eval(self, saved: Path | None) -> None:
+        """The run reached its budget: evaluate its last policy unless that version was evaluated."""
+        assert self.evals is not None
+        self._finish_eval(wait=True)
+        if not self.cfg.eval.final or self.evals.last_version == self.state.version:
+            return
+        self._start_eval(self.state.step, saved)
+        self._finish_eval(wait=True)
 
     def _optimize(self, samples: list, step: int) -> StepResult | None:
         self._set_lr(step)
@@ -373,10 +428,10 @@ class Trainer:
         self._tell("push")
         return self.sync.push(self._full(), version)
 
-    def _save(self) -> None:
+    def _save(self) -> Path:
         if self.sharded is not None:
             self._tell("save", self.state)
-            checkpoint.save_sharded(
+            return checkpoint.save_sharded(
                 self.run_dir,
                 self.model,
                 self.optimizer,
@@ -385,8 +440,7 @@ class Trainer:
                 self.tcfg.checkpoint.keep,
                 self.tokenizer if self.rank.is_main else None,
             )
-            return
-        checkpoint.save(
+        return checkpoint.save(
             self.run_dir,
             self.model,
             self.optimizer,

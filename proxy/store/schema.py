@@ -51,8 +51,13 @@ class SessionRow(Base):
     eval: Mapped[bool] = mapped_column(Boolean, server_default=false())  # evaluation: never trained on
     temperature: Mapped[float | None] = mapped_column(Float)  # forced on every call of the session (evaluation)
 
-    # Status + age is how admission control and the timeout sweeper scan sessions.
-    __table_args__ = (Index("ix_sessions_status_updated", "status", "updated_at"),)
+    # Status + age is how admission control and the timeout sweeper scan sessions; creation time (under
+    # a status or not) is the order the web UI pages them in, by keyset (proxy/store/browse.py).
+    __table_args__ = (
+        Index("ix_sessions_status_updated", "status", "updated_at"),
+        Index("ix_sessions_created", "created_at", "id"),
+        Index("ix_sessions_status_created", "status", "created_at", "id"),
+    )
 
 
 class CompletionRow(Base):

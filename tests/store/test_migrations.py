@@ -42,10 +42,12 @@ def legacy_store(url: str, version: int) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         # Step 1 of the releases before `seed`: the schema of then (no status index, no seed, no claimed_step,
-        # no eval, no temperature).
+        # no eval, no temperature, no creation-time indexes).
         Base.metadata.create_all(conn)
         conn.execute(text("DROP INDEX ix_sessions_status_updated"))
         conn.execute(text("DROP INDEX ix_sessions_claimed_step"))
+        conn.execute(text("DROP INDEX ix_sessions_created"))
+        conn.execute(text("DROP INDEX ix_sessions_status_created"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN seed"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN claimed_step"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN eval"))
@@ -91,7 +93,7 @@ def legacy_store(url: str, version: int) -> None:
 def test_a_fresh_store_reaches_head_with_the_schema_of_schema_py(url):
     db = open_store(url)
     try:
-        assert db.read(current_revision) == head_revision() == "0005"
+        assert db.read(current_revision) == head_revision() == "0006"
         assert schema_drift(db) == []
         assert not db.read(lambda c: inspect(c).has_table("schema_version"))
     finally:

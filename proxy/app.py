@@ -79,15 +79,31 @@ def create_app(cfg: Config) -> FastAPI:
             state.db.close()
 
     app = FastAPI(title="areal-proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
-    _install_handlers(app)
+    install_error_handlers(app)
     from proxy.routes import chat, control
 
     app.include_router(chat.router)
     app.include_router(control.router)
+    _mount_ui(app, state)
     for module in _optional_routers():
         app.include_router(module.router)
     app.add_middleware(BodyLimit, limit=cfg.proxy.max_request_bytes)
     return app
+
+
+def _mount_ui(app: FastAPI, state: AppState) -> None:
+    """The web UI at /ui over this proxy's store, decoding tokens with its engine's tokenizer."""
+    from pathlib import Path
+
+    from proxy.ui.routes import router
+    from proxy.ui.state import UIState
+
+    def tokenizer() -> Any:
+        return state.renderer.tokenizer if state.renderer is not None else None
+
+    run_dir = Path(state.cfg.trainer.run_dir).expanduser()
+    app.state.ui = UIState(state.cfg, state.db, run_dir, state.cfg.proxy.admin_key, tokenizer=tokenizer)
+    app.include_router(router)
 
 
 def _optional_routers() -> list[Any]:
@@ -103,7 +119,9 @@ def _optional_routers() -> list[Any]:
     return modules
 
 
-def _install_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves in its API's shape (OpenAI's; Anthropic's on the Messages routes)."""
+
     def answer(request: Request, error: APIError) -> Response:
         return anthropic_error(error) if is_messages_route(request.url.path) else error_response(error)
 

@@ -1,4 +1,4 @@
-"""The `areal-proxy` command: serve, train, eval, engine, front, export, sessions, rewards.
+"""The `areal-proxy` command: serve, train, eval, engine, front, export, sessions, ui, rewards.
 
 Every subcommand takes `--config FILE` and repeatable `--set section.key=value`
 overrides; flags like `--port` are shortcuts for such overrides. Heavy imports
@@ -95,6 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--style", choices=["individual", "concat"], default="individual", help="sample layout")
     export.add_argument("--status", default="finished", help="sessions to export: finished, consumed or all")
 
+    ui = sub.add_parser("ui", help="the web UI alone over a store: sessions, trees, groups, run curves")
+    _common(ui)
+    ui.add_argument("--db", help="store URL ([store] url)")
+    ui.add_argument("--run-dir", help="run directory whose metrics.jsonl the run page plots ([trainer] run_dir)")
+    ui.add_argument("--host", help="interface to bind ([proxy] host)")
+    ui.add_argument("--port", type=int, default=8001, help="TCP port (default 8001)")
+    ui.add_argument("--model", help="model whose tokenizer turns token ids into text ([engine] model)")
+    ui.add_argument("--admin-key", help="require this key for the UI's data ([proxy] admin_key)")
+
     sessions = sub.add_parser("sessions", help="list sessions or show one as a tree")
     _common(sessions)
     sessions.add_argument("--db", help="store URL ([store] url)")
@@ -178,6 +187,23 @@ def cmd_sessions(args: argparse.Namespace) -> int:
     return show_session(cfg, args.session_id, args.tokens)
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    options = {
+        "store.url": args.db,
+        "proxy.host": args.host,
+        "engine.model": args.model,
+        "proxy.admin_key": args.admin_key,
+        "trainer.run_dir": args.run_dir,
+    }
+    cfg = _config(args, **options)
+    _setup_logging(cfg.proxy.log_level)
+    from pathlib import Path
+
+    from proxy.ui.server import serve_ui
+
+    return serve_ui(cfg, cfg.proxy.host, args.port, Path(cfg.trainer.run_dir).expanduser())
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     cfg = _config(args, **{"store.url": args.db})
     from trainer.export import export_file
@@ -249,6 +275,7 @@ COMMANDS = {
     "eval": cmd_eval,
     "export": cmd_export,
     "sessions": cmd_sessions,
+    "ui": cmd_ui,
     "rewards": cmd_rewards,
 }
 

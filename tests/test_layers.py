@@ -28,7 +28,9 @@ LAYERS: list[tuple[str, ...]] = [
         "proxy.tree_view", "rewards",
     ),
     ("proxy.sessions", "proxy.completions", "proxy.rewards_service", "proxy.admission"),  # 3: services
-    ("proxy.state", "proxy.app", "proxy.routes", "proxy.servers", "trainer", "adapters"),  # 4: HTTP, trainer, adapters
+    (  # 4: HTTP (the web UI included), trainer, adapters
+        "proxy.state", "proxy.app", "proxy.routes", "proxy.ui", "proxy.servers", "trainer", "adapters",
+    ),
     ("trainer.launch", "proxy.cli", "proxy.serve", "proxy.sessions_cli", "proxy.config_doc"),  # 5: wiring
 ]  # fmt: skip
 

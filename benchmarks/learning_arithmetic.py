@@ -1,6 +1,7 @@
 """Held-out arithmetic accuracy before and after a fixed wall-clock budget of training on CPU.
 
-1. evaluates the untrained model on the 200 held-out problems (sampled at T=1, and greedy);
+1. evaluates the untrained model on the 200 held-out problems (`areal-proxy eval`, sampled at T=1,
+   and greedy);
 2. runs `areal-proxy train examples/arithmetic/config.toml` for `--minutes`, copying the
    newest checkpoint's weights every `--snapshot-minutes`;
 3. stops the run (Ctrl-C semantics: the trainer checkpoints), evaluates every snapshot and the
@@ -56,15 +57,33 @@ def trainer_peak_rss(proc: Any, peak: float) -> float:
     return peak  # optimizer state is not needed to evaluate
 
 
-def evaluate(model: str, samples: int = 1, device: str = "cpu") -> dict:
-    """examples/arithmetic/evaluate.py in a process of its own: its engine's memory is given back when it
-    ends, instead of staying in this process beside the run (two runs side by side were OOM-killed so)."""
-    script = REPO / "examples" / "arithmetic" / "evaluate.py"
-    cmd = [sys.executable, str(script), "--model", model, "--samples", str(samples), "--device", device]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False)
+def _eval(model: str, samples: int, temperature: float, device: str, db: str) -> dict:
+    """`areal-proxy eval` of the example's 200 held-out problems: its proxy and engine are processes of their
+    own, whose memory is given back when they end (two runs side by side were OOM-killed when it stayed)."""
+    out = Path(db.removeprefix("sqlite:///")).with_suffix(f".{time.time_ns()}.json")
+    cmd = [sys.executable, "-m", "proxy.cli", "eval", str(REPO / "examples/arithmetic/config.toml")]
+    cmd += ["--model", model, "--samples", str(samples), "--temperature", str(temperature), "--device", device]
+    cmd += ["--db", db, "--out", str(out)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if done.returncode != 0:
         raise RuntimeError(f"evaluating {model} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout)
+    return json.loads(out.read_text())["report"]
+
+
+def evaluate(model: str, db: str, samples: int = 1, device: str = "cpu") -> dict:
+    """Held-out accuracy sampled at T=1 (`samples` answers a problem) and greedy, and the right answers
+    per operation (sampled, per answer asked)."""
+    sampled = _eval(model, samples, 1.0, device, db)
+    greedy = _eval(model, 1, 0.0, device, db)
+    kinds = sampled["by"]["kind"]
+    return {
+        "sampled": sampled["accuracy"]["value"],
+        "greedy": greedy["accuracy"]["value"],
+        "sampled_add_correct": kinds["addition"]["solved"] / samples,
+        "sampled_sub_correct": kinds["subtraction"]["solved"] / samples,
+        "pass_at_k": sampled["pass_at_k"],
+        "problems": sampled["tasks"],
+    }
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:
@@ -144,11 +163,14 @@ def main() -> None:
     from proxy.runtime.model_files import DEFAULT_MODEL
 
     run_dir = Path(args.run_dir)
+    evals_db = f"sqlite:///{run_dir.resolve()}/evals.db"  # the evaluation sessions, apart from the run's
     shutil.rmtree(run_dir, ignore_errors=True)
     snaps = run_dir / "snapshots"
     snaps.mkdir(parents=True)
     print("evaluating the untrained model ...", flush=True)
-    evals = [] if args.skip_eval else [{"minute": 0.0, "step": 0, **evaluate(DEFAULT_MODEL, device=args.device)}]
+    evals = []
+    if not args.skip_eval:
+        evals.append({"minute": 0.0, "step": 0, **evaluate(DEFAULT_MODEL, evals_db, device=args.device)})
     if evals:
         print(json.dumps(evals[-1]), flush=True)
 
@@ -164,6 +186,8 @@ def main() -> None:
         f"store.url=sqlite:///{run_dir}/areal.db",
         "--set",
         "trainer.checkpoint.every=5",
+        "--set",
+        "eval.every_minutes=0",  # the snapshots are evaluated here, after the run, not on its clock
         "--device",
         args.device,
     ]
@@ -195,10 +219,10 @@ def main() -> None:
         taken.append(final)
     for s in [] if args.skip_eval else taken:
         print(f"evaluating {s['path']} ...", flush=True)
-        evals.append({"minute": s["minute"], "step": s["step"], **evaluate(s["path"], device=args.device)})
+        evals.append({"minute": s["minute"], "step": s["step"], **evaluate(s["path"], evals_db, device=args.device)})
         print(json.dumps(evals[-1]), flush=True)
     if taken and evals and args.final_samples > 1:
-        repeated = evaluate(taken[-1]["path"], samples=args.final_samples, device=args.device)
+        repeated = evaluate(taken[-1]["path"], evals_db, samples=args.final_samples, device=args.device)
         evals[-1][f"sampled_mean_of_{args.final_samples}"] = repeated["sampled"]
         evals[-1][f"add_correct_mean_of_{args.final_samples}"] = repeated["sampled_add_correct"]
         evals[-1][f"sub_correct_mean_of_{args.final_samples}"] = repeated["sampled_sub_correct"]

@@ -25,10 +25,11 @@ def resolve_model(cfg: Config, model: str) -> str:
 
     run_dir = Path(cfg.trainer.run_dir)
     if model == "best":
-        best = run_dir / "checkpoints" / "best"
-        if not best.is_dir():
-            raise FileNotFoundError(f"{best} does not exist: no evaluation during training has kept a best checkpoint")
-        return str(best)
+        record = run_dir / "checkpoints" / "best.json"
+        if not record.is_file():
+            raise FileNotFoundError(f"{record} does not exist: no evaluation during training has ranked checkpoints")
+        best = json.loads(record.read_text())
+        return best.get("path") or best["model"]
     if model == "latest":
         latest = checkpoint.latest(run_dir)
         if latest is None:

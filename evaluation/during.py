@@ -6,8 +6,9 @@ step; it waits for the evaluation only before its next push, so every evaluation
 version v exactly (the report's `policy_versions` shows it) while rollouts continue beside it. The
 result goes to the run's metrics as `eval_` keys at step s. With `keep_best`, the checkpoint of step s
 is saved before the evaluation and, if the evaluation scores best so far, kept as
-`checkpoints/best` with `checkpoints/best.json` (hard links: no second copy on disk); a resumed run
-reads best.json and keeps comparing against it.
+`checkpoints/best` with `checkpoints/best.json` (hard links: no second copy on disk; when the starting
+policy is the best, best.json names the base model instead); a resumed run reads best.json and keeps
+comparing against it.
 """
 
 from __future__ import annotations
@@ -153,7 +154,9 @@ class PeriodicEval:
             "eval_run": done.report["run"],
             "time": time.time(),
         }
-        if self.e.keep_best and candidate.is_dir():
+        if done.step == 0:  # the starting policy: the base model, not a checkpoint
+            best["model"] = self.cfg.trainer.model or self.cfg.engine.model
+        elif self.e.keep_best and candidate.is_dir():
             final = self.checkpoints / "best"
             old = self.checkpoints / ".best_old"
             shutil.rmtree(old, ignore_errors=True)
@@ -162,6 +165,7 @@ class PeriodicEval:
             os.replace(candidate, final)
             shutil.rmtree(old, ignore_errors=True)
             best["path"] = str(final)
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
         tmp = self.checkpoints / "best.json.tmp"
         tmp.write_text(json.dumps(best, indent=2) + "\n")
         os.replace(tmp, self.checkpoints / "best.json")

@@ -109,6 +109,7 @@ def _session_summary(r: Any) -> dict[str, Any]:
         "group_id": r.group_id,
         "auto": r.auto,
         "eval": r.eval,
+        "temperature": r.temperature,
         "reward": r.reward,
         "failure": r.failure,
         "num_completions": r.num_completions,

@@ -27,6 +27,14 @@ def test_pass_at_k_equals_the_share_of_subsets_with_a_correct_sample(n):
             assert pass_at_k(n, sum(outcomes), k) == pytest.approx(brute_pass_at_k(outcomes, k))
 
 
+def test_pass_at_k_worked_by_hand():
+    assert pass_at_k(4, 0, 2) == 0.0
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 right of 4, two drawn: 1 - C(3,2)/C(4,2)
+    assert pass_at_k(4, 2, 2) == pytest.approx(1 - 1 / 6)
+    assert pass_at_k(4, 3, 2) == 1.0  # fewer wrong answers than draws
+    assert pass_at_k(32, 1, 1) == pytest.approx(1 / 32)
+
+
 def test_pass_at_averages_over_tasks_and_reports_powers_of_two_up_to_the_samples():
     per_task = [[True, False, False], [False, False, False], [True, True, False]]
     got = pass_at(per_task, 3)

@@ -1,7 +1,8 @@
 """The reward must go up: a short GRPO run of SmolLM2-135M-Instruct on two-digit additions through
-`areal-proxy train` (proxy, runner, trainer), then the held-out additions the run never trained on,
-asked before and after. The full addition+subtraction run is benchmarks/learning_arithmetic.py
-(30 minutes, not in CI).
+`areal-proxy train` (proxy, runner, trainer), scored on the held-out additions the run never trained
+on by its own evaluation during training (`[eval]`: the starting policy, and the policy of the last
+step), through the proxy as evaluation sessions that no step trains on. The full addition+subtraction
+run is benchmarks/learning_arithmetic.py (30 minutes, not in CI).
 
 Reproducible by construction, not by luck: the run is on-policy (`max_staleness = 0`: admission
 control starts no episode until the weights trained on the last batch reached the engine), every
@@ -17,7 +18,6 @@ one of those seeds peaked at step 6).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -26,17 +26,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from adapters.tasks import load_object
 from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
 from tests.conftest import REPO
 
 STEPS = 14
 SAMPLES = 4  # sampled answers per held-out problem: 111 additions x 4
-
-
-def held_out_addition_accuracy(model: str) -> float:
-    evaluate = load_object(f"{REPO}/examples/arithmetic/evaluate.py:evaluate")
-    return asyncio.run(evaluate(model, samples=SAMPLES, kind="addition"))["sampled"]
 
 
 def test_reward_goes_up_and_every_parameter_trains(tmp_path: Path):
@@ -68,6 +62,13 @@ size = 48
 lr = 2e-5
 [trainer.checkpoint]
 every = 1000
+[eval]
+dataset = "{REPO}/examples/arithmetic/agent.py:addition_tasks"
+samples = {SAMPLES}
+temperature = 1.0
+every_steps = {STEPS}
+keep_best = false
+concurrency = 64
 """
     )
     proc = subprocess.run(
@@ -78,15 +79,18 @@ every = 1000
         timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "reward_mean" in line]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    steps = [r for r in rows if "reward_mean" in r]
+    evals = {r["step"]: r for r in rows if "eval_accuracy" in r}
     assert len(steps) == STEPS
+    assert sorted(evals) == [0, STEPS], rows
+    assert all(evals[s]["eval_episodes"] == 111 * SAMPLES for s in evals)
     # On-policy: every trained session was sampled by the weights of the step that trained it.
     assert all(s["staleness_max"] == 0 and s["dropped_stale"] == 0 for s in steps), steps
 
     [checkpoint] = sorted((run_dir / "checkpoints").glob("step_*"))
     base_path = Path(resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy"))
-    before = held_out_addition_accuracy(str(base_path))
-    after = held_out_addition_accuracy(str(checkpoint))
+    before, after = evals[0]["eval_accuracy"], evals[STEPS]["eval_accuracy"]
     rewards = [round(s["reward_mean"], 3) for s in steps]
     print(json.dumps({"held_out_before": before, "held_out_after": after, "training_rewards": rewards}))
     # 444 answers each: the standard error of the difference is about 0.03; the rise measured

@@ -1,28 +1,13 @@
-"""The arithmetic example's evaluation helpers: pass@k by hand, and the kinds of its held-out problems."""
+"""The arithmetic example's held-out problems and their kinds (the fields `areal-proxy eval` breaks down by)."""
 
 from __future__ import annotations
-
-import pytest
 
 from adapters.tasks import load_object
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "examples" / "arithmetic"
 tasks = load_object(f"{EXAMPLE}/agent.py:tasks")
-pass_at_k = load_object(f"{EXAMPLE}/evaluate.py:pass_at_k")
-detailed_kind = load_object(f"{EXAMPLE}/evaluate.py:detailed_kind")
-
-
-def test_pass_at_k_worked_by_hand():
-    assert pass_at_k(4, 0, 2) == 0.0
-    # 1 right of 4, two drawn: 1 - C(3,2)/C(4,2) = 1 - 3/6
-    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)
-    # 2 right of 4, two drawn: 1 - C(2,2)/C(4,2) = 1 - 1/6
-    assert pass_at_k(4, 2, 2) == pytest.approx(5 / 6)
-    # fewer wrong answers than draws: a right one is always drawn
-    assert pass_at_k(4, 3, 2) == 1.0
-    assert pass_at_k(32, 1, 1) == pytest.approx(1 / 32)
-    assert pass_at_k(32, 5, 32) == 1.0
+detailed_kind = load_object(f"{EXAMPLE}/agent.py:detailed_kind")
 
 
 def test_detailed_kind():

@@ -42,8 +42,10 @@ async function route() {
   const args = pattern.exec(path).slice(1).map(decodeURIComponent);
   try {
     const stopper = await view.render(main, args, params, () => mine === generation);
-    if (mine === generation) stop = stopper || null;
-    else if (stopper) stopper();
+    if (mine === generation) {
+      stop = stopper || null;
+      main.dataset.rendered = location.hash; // which view the page shows now (tests wait on it)
+    } else if (stopper) stopper();
   } catch (error) {
     if (mine !== generation) return;
     if (error instanceof ApiError && error.status === 401) {

@@ -3,9 +3,9 @@
 `[trainer]` holds the run (model, device, budget, directories); `[trainer.batch]` what a step
 claims and how it is cut into forward passes; `[trainer.loss]` the advantage estimator and the
 decoupled PPO loss; `[trainer.optim]` AdamW; `[trainer.schedule]` the learning rate over the
-run; `[trainer.checkpoint]` what is kept. `[trainer.pods]` and `[trainer.unsolved]` turn batch
-selection strategies on by being present (`trainer/selection.py`). Pydantic only, so the CLI's
-`--help` stays instant.
+run; `[trainer.checkpoint]` what is kept. `[trainer.pods]`, `[trainer.unsolved]` and
+`[trainer.overlong]` turn batch selection strategies on by being present (`trainer/selection.py`).
+Pydantic only, so the CLI's `--help` stays instant.
 """
 
 from __future__ import annotations
@@ -48,7 +48,13 @@ class LossConfig(Section):
     behav_cap: float = 5.0
     """Cap on the behaviour importance weight π_prox/π_behav (0 disables)."""
     behav_cap_mode: Literal["mask", "clamp"] = "mask"
-    """Tokens over the cap are masked out, or their weight clamped."""
+    """Tokens over the cap (or under `behav_floor`) are masked out, or their weight clamped."""
+    behav_floor: float = Field(default=0.0, ge=0)
+    """Lower bound on the behaviour weight (0 disables): with the cap, tokens whose weight falls outside
+    [behav_floor, behav_cap] are masked on both sides (IcePop; e.g. 0.5 with a cap of 2), or clamped into it."""
+    m2po_tau: float = Field(default=0.0, ge=0)
+    """M2PO's second-moment trust region (0 disables; the paper uses 0.04): in each forward pass the tokens
+    of largest (log π_prox/π_behav)² are masked until the mean of the rest is at most this."""
     proximal: Literal["recompute", "interpolate", "behaviour"] = "recompute"
     """Proximal logprobs: recomputed, log-linear interpolation by version, or = behaviour."""
     ratio_level: Literal["token", "sequence"] = "token"
@@ -66,6 +72,20 @@ class LossConfig(Section):
     def _resolve_agg(self) -> LossConfig:
         if self.agg == "auto":
             self.agg = "token_sum_norm" if self.advantage == "drgrpo" else "token_mean"
+        return self
+
+    @model_validator(mode="after")
+    def _check_masks(self) -> LossConfig:
+        if self.behav_floor and self.behav_cap and self.behav_floor >= self.behav_cap:
+            raise ValueError(
+                f"trainer.loss.behav_floor {self.behav_floor} must be below behav_cap {self.behav_cap}: "
+                "the weights kept lie between them"
+            )
+        if self.m2po_tau and self.proximal == "behaviour":
+            raise ValueError(
+                "trainer.loss.m2po_tau measures π_prox against π_behav, which proximal = 'behaviour' makes "
+                "equal (nothing would be masked): use proximal = 'recompute' or 'interpolate'"
+            )
         return self
 
 
@@ -165,6 +185,39 @@ class UnsolvedConfig(Section):
     (1: no bound)."""
 
 
+class OverlongConfig(Section):
+    """DAPO's overlong reward shaping (Yu et al. 2025, arXiv 2503.14476): a reply of |y| sampled tokens past
+    max_tokens - buffer costs penalty · (|y| - (max_tokens - buffer)) / buffer, up to `penalty` at max_tokens
+    and beyond; a session's reward and every return of its tokens gain the sum over its replies, before
+    advantages. With `mask_truncated`, replies cut at their token limit are not trained (overlong filtering)."""
+
+    max_tokens: int = Field(default=0, ge=0)
+    """L_max: the reply length that costs the whole penalty, usually the agent's max_tokens (0: no length
+    penalty)."""
+    buffer: int = Field(default=0, ge=0)
+    """L_cache: the last tokens before max_tokens over which the penalty grows linearly from 0 (0: only
+    replies longer than max_tokens are penalised)."""
+    penalty: float = Field(default=1.0, gt=0)
+    """Penalty of a reply of max_tokens or more (DAPO: 1, against its ±1 correctness reward)."""
+    mask_truncated: bool = False
+    """Leave replies that stopped at their token limit (finish_reason "length") out of the loss; their
+    session still counts in its group's advantages."""
+
+    @model_validator(mode="after")
+    def _check(self) -> OverlongConfig:
+        if self.buffer > self.max_tokens:
+            raise ValueError(
+                f"trainer.overlong.buffer {self.buffer} must not exceed max_tokens {self.max_tokens}: "
+                "the penalty grows over the last `buffer` tokens before max_tokens"
+            )
+        if not self.max_tokens and not self.mask_truncated:
+            raise ValueError(
+                "[trainer.overlong] does nothing: set max_tokens (the length penalty) or mask_truncated = true, "
+                "or leave the section out"
+            )
+        return self
+
+
 class TrainerConfig(Section):
     model: str = ""
     """Model to train; empty uses [engine] model."""
@@ -219,6 +272,8 @@ class TrainerConfig(Section):
     """Present: train only the most varied sessions of each group (off when absent or false)."""
     unsolved: Strategy[UnsolvedConfig] = None
     """Present: train groups that failed every time with a negative advantage (off when absent or false)."""
+    overlong: Strategy[OverlongConfig] = None
+    """Present: penalise replies by their length, or leave truncated ones out (DAPO; off when absent or false)."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:

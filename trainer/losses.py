@@ -5,7 +5,7 @@ decoupled objective separates the off-policy correction from the trust region:
 
   loss_t = -w_t · min(u_t · A_t, clip(u_t, 1 - eps_clip, 1 + eps_clip_high) · A_t)
   u_t = π_θ / π_prox = exp(logp_t - prox_logp_t)           gradient flows through logp only
-  w_t = π_prox / π_behav = exp(prox_logp_t - behav_logp_t)  detached; over behav_cap masked or clamped
+  w_t = π_prox / π_behav = exp(prox_logp_t - behav_logp_t)  detached; outside [behav_floor, behav_cap] masked or clamped
 
 The asymmetric clip is DAPO's clip-higher (Yu et al. 2025). ratio_level="sequence" replaces u_t and w_t by
 GSPO's length-normalised sequence ratios (Zheng et al. 2025, arXiv 2507.18071). An optional k3 KL
@@ -14,6 +14,13 @@ and an optional entropy bonus, -entropy_coef · H_t (H_t: entropy of the current
 at the sampling temperature), keeps exploration from collapsing onto one reply per prompt.
 The proximal policy is recomputed, or approximated by log-linear interpolation over policy versions
 (A-3PO, Li et al. 2025).
+
+Two masks drop a token's policy-gradient term (its weight becomes 0; it still counts in the denominator):
+- IcePop's two-sided mask (Ling team 2025, "Small Leak Can Sink a Great Ship"): w_t outside
+  [behav_floor, behav_cap], a token the training and the sampling policy disagree on in either direction.
+- M2PO's second-moment trust region (Zheng et al. 2025, arXiv 2510.01161): of a pass's tokens, those of
+  largest M2_t = (log w_t)² are masked, largest first, until the mean M2 of the rest is at most τ
+  (`second_moment_keep`); unlike a clip it removes only the few extreme tokens of stale samples.
 """
 
 import torch
@@ -87,6 +94,25 @@ def proximal_logprobs_interpolate(
     return torch.where(span == 0, current, behav + alpha * (current - behav))
 
 
+def second_moment_keep(log_w: torch.Tensor, tau: float) -> torch.Tensor:
+    """M2PO's mask over N trained tokens: log_w (N,) = log π_prox/π_behav -> (N,) bool, True = kept.
+
+    M2_t = log_w_t². While the mean M2 of the kept tokens exceeds tau, the kept token of largest M2 is
+    masked (earliest first among equals); if even the smallest M2 exceeds tau, every token is masked.
+    """
+    m2 = log_w.detach().cpu().double() ** 2  # float64 on the CPU: exact running means on any device
+    n = m2.numel()
+    order = torch.sort(m2, descending=True, stable=True).indices
+    # Mean M2 of the kept tokens after masking the k largest: tail sums over the sorted values.
+    tail = m2[order].flip(0).cumsum(0).flip(0)  # tail[k] = sum of sorted[k:]
+    kept_mean = tail / torch.arange(n, 0, -1, dtype=m2.dtype)
+    fits = (kept_mean <= tau).nonzero()
+    k = int(fits[0]) if fits.numel() else n  # the fewest largest tokens to mask
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[order[:k]] = False
+    return keep.to(log_w.device)
+
+
 def policy_loss(
     logp: torch.Tensor,  # (B, T) current policy, carries the gradient
     prox_logp: torch.Tensor,  # (B, T) proximal policy
@@ -100,6 +126,8 @@ def policy_loss(
     behav_cap_mode: str,
     ratio_level: str,
     loss_agg: str,
+    behav_floor: float = 0.0,
+    keep: torch.Tensor | None = None,  # (B, T) bool: tokens M2PO's trust region keeps
     ref_logp: torch.Tensor | None = None,  # (B, T) reference policy
     kl_coef: float = 0.0,
     normaliser: float | None = None,
@@ -108,7 +136,8 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO loss (scalar) and stats; see the module docstring.
 
-    Tokens masked by the behaviour cap contribute 0 but still count in the denominator, so the
+    Tokens masked by the behaviour cap or floor, or left out of `keep`, contribute no policy-gradient term
+    (the KL penalty and entropy bonus still apply to them) but still count in the denominator, so the
     normaliser of a microbatch is known before the forward pass. ratio_level="sequence" uses the
     GSPO-token form: u_t has the value of the sequence ratio exp(mean_t(logp - prox)) and the gradient
     u_t · ∇logp_t, which with loss_agg="seq_mean" and one advantage per sequence is GSPO's gradient.
@@ -118,6 +147,7 @@ def policy_loss(
     # where() before exp(): padding may hold any logprob, and exp(inf) * 0 would poison sums and grads.
     log_u = torch.where(mask, logp - prox, 0.0)
     log_w = torch.where(mask, prox - behav, 0.0)
+    m2 = log_w**2  # M2PO's second moment, per token whatever the ratio level
     if ratio_level == "sequence":
         log_u = _seq_mean(log_u.detach(), mask)[:, None] + log_u - log_u.detach()
         log_w = _seq_mean(log_w, mask)[:, None].expand_as(log_w)
@@ -126,12 +156,15 @@ def policy_loss(
     ratio, weight = log_u.exp(), log_w.exp()
 
     capped = mask & (weight > behav_cap) if behav_cap > 0 else torch.zeros_like(mask)
+    floored = mask & (weight < behav_floor) if behav_floor > 0 else torch.zeros_like(mask)
     if behav_cap_mode == "mask":
-        capped_weight = torch.where(capped, 0.0, weight)
+        capped_weight = torch.where(capped | floored, 0.0, weight)
     elif behav_cap_mode == "clamp":
-        capped_weight = torch.where(capped, behav_cap, weight)
+        capped_weight = torch.where(capped, behav_cap, torch.where(floored, behav_floor, weight))
     else:
         raise ValueError(f"behav_cap_mode {behav_cap_mode!r} must be 'mask' or 'clamp'")
+    if keep is not None:
+        capped_weight = torch.where(keep.bool(), capped_weight, 0.0)
 
     clipped = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
     token_loss = -capped_weight * torch.minimum(ratio * advantages, clipped * advantages)
@@ -152,7 +185,12 @@ def policy_loss(
         "ratio_mean": _masked_mean(ratio, mask),
         "behav_weight_mean": _masked_mean(weight, mask),  # before the cap
         "kl": _masked_mean(kl.detach(), mask),
+        "m2": _masked_mean(m2, mask),  # before any mask
     }
+    if behav_floor > 0:
+        stats["behav_floored_frac"] = _masked_mean(floored.float(), mask)
+    if keep is not None:
+        stats["m2po_masked_frac"] = _masked_mean((~keep.bool()).float(), mask)
     if entropy is not None:
         stats["entropy"] = _masked_mean(entropy.detach(), mask)
     return loss, stats

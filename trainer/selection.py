@@ -1,6 +1,7 @@
 """Which claimed sessions a step trains: batch selection as named strategies, in a fixed order.
 
 Each claim (whole groups, in `canonical_order`) passes through the selectors the config turns on:
+`ShapeOverlong` ([trainer.overlong], DAPO's length penalty and overlong filtering) →
 `Downsample` ([trainer.pods], PODS) → `GroupAdvantages` (always: baseline and scale per session,
 flat groups marked) → `TrainUnsolved` ([trainer.unsolved], negative sample reinforcement) →
 `SkipFlat` (trainer.batch.skip_zero_variance, DAPO's filter). A `ClaimPolicy` says how much the
@@ -17,7 +18,8 @@ import torch
 
 from proxy.store.samples import SessionSamples
 from trainer.advantages import ADVANTAGES, max_variance_subset
-from trainer.config import TrainerConfig
+from trainer.config import OverlongConfig, TrainerConfig
+from trainer.overlong import shape
 
 ZERO_VARIANCE = "skipped_zero_variance"
 
@@ -50,7 +52,7 @@ class Selection:
     scale: dict[str, float] = field(default_factory=dict)
     flat: list[str] = field(default_factory=list)  # sessions of groups whose rewards are all equal
     skips: list[Skip] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)  # summed over a step's claims and logged
 
     def skip(self, counted_as: str, session_ids: list[str], reason: str) -> None:
         gone = set(session_ids)
@@ -62,6 +64,24 @@ class Selection:
 class Selector(Protocol):
     def apply(self, claim: Selection) -> None:
         """Narrow or re-weight one claim in place."""
+
+
+class ShapeOverlong:
+    """DAPO's overlong shaping (`trainer/overlong.py`): each session's reward and returns gain its replies'
+    length penalties before anything reads them; with `mask_truncated` its truncated replies leave the loss."""
+
+    def __init__(self, cfg: OverlongConfig, style: str) -> None:
+        self.cfg = cfg
+        self.style = style
+
+    def apply(self, claim: Selection) -> None:
+        shaped = [shape(s, self.cfg, self.style) for s in claim.sessions]
+        claim.sessions = [x.session for x in shaped]
+        if self.cfg.max_tokens:
+            claim.counts["overlong_penalised"] = sum(x.penalised for x in shaped)
+            claim.counts["overlong_penalty_total"] = sum(x.penalty for x in shaped)
+        if self.cfg.mask_truncated:
+            claim.counts["overlong_masked_tokens"] = sum(x.masked_tokens for x in shaped)
 
 
 class Downsample:
@@ -125,6 +145,8 @@ class SkipFlat:
 def selectors(cfg: TrainerConfig) -> list[Selector]:
     """The selectors the config turns on, in the order they apply."""
     chosen: list[Selector] = []
+    if cfg.overlong:
+        chosen.append(ShapeOverlong(cfg.overlong, cfg.batch.style))
     if cfg.pods:
         chosen.append(Downsample(cfg.pods.keep))
     chosen.append(GroupAdvantages(cfg.loss.advantage))

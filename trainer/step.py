@@ -22,7 +22,7 @@ from transformers.cache_utils import DynamicCache
 from trainer.batch import PrefixGroup
 from trainer.config import TrainerConfig
 from trainer.head import head_logprobs
-from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate
+from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate, second_moment_keep
 from trainer.memory import microbatch_budget
 from trainer.policy import Reference
 
@@ -235,6 +235,29 @@ class StepResult:
     stats: dict[str, float]
 
 
+def _proximal(
+    mb: PrefixGroup, logp: torch.Tensor, behav: torch.Tensor, proximal: str, device: torch.device, version: int
+) -> torch.Tensor:
+    """The proximal logprobs (G, O) a group is trained against: those stored on it, else by `proximal`."""
+    if mb.prox_logprobs is not None:
+        return mb.prox_logprobs.to(device)
+    if proximal == "behaviour":
+        return behav
+    if proximal == "interpolate":
+        return proximal_logprobs_interpolate(behav, logp.detach(), mb.versions.to(device), version + 1, version)
+    return logp.detach()
+
+
+def m2po_keeps(
+    proxs: list[torch.Tensor], behavs: list[torch.Tensor], masks: list[torch.Tensor], tau: float
+) -> list[torch.Tensor]:
+    """M2PO's kept tokens (G, O) bool for each group of one pass, chosen over all the pass's trained
+    tokens together (`second_moment_keep` on log π_prox/π_behav), as the loss of a microbatch."""
+    log_w = torch.cat([(p.detach() - b.detach())[m.bool()] for p, b, m in zip(proxs, behavs, masks)])
+    kept = second_moment_keep(log_w, tau).split([int(m.bool().sum()) for m in masks])
+    return [torch.zeros_like(m, dtype=torch.bool).masked_scatter(m.bool(), k) for m, k in zip(masks, kept)]
+
+
 def normaliser_for(batches: list[PrefixGroup], loss_agg: str) -> float:
     if loss_agg == "token_sum_norm":  # Dr. GRPO: a constant, num_sequences × longest reply
         longest = max(int(mb.loss_mask.sum(-1).max()) for mb in batches)
@@ -254,7 +277,9 @@ def train_step(
 ) -> StepResult:
     """One optimizer step over `batches`. With `keep_proximal`, the proximal logprobs a group is
     first trained against (interpolated, or the behaviour's) are stored on it, so a later pass over
-    the same group (another epoch) is measured against the same proximal policy, not the updated one."""
+    the same group (another epoch) is measured against the same proximal policy, not the updated one.
+    With `loss.m2po_tau`, M2PO's mask is chosen over each forward pass's trained tokens together (the
+    proximal logprobs of a pass are known only after its forward; AReaL too masks per microbatch)."""
     lcfg = cfg.loss
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -271,19 +296,17 @@ def train_step(
         if reference is not None and lcfg.kl_coef > 0:
             with torch.no_grad(), autocast, reference.active() as ref_model:
                 refs = list(group_logprobs(ref_model, chunk, device)[0])
+        behavs = [mb.behav_logprobs.to(device) for mb in chunk]
+        proxs = [_proximal(mb, lp, b, lcfg.proximal, device, version) for mb, lp, b in zip(chunk, logps, behavs)]
+        if keep_proximal:
+            for mb, prox in zip(chunk, proxs):
+                if mb.prox_logprobs is None:
+                    mb.prox_logprobs = prox.detach().cpu()
+        keeps: list[torch.Tensor | None] = [None] * len(chunk)
+        if lcfg.m2po_tau > 0:
+            keeps = list(m2po_keeps(proxs, behavs, [mb.loss_mask.to(device) for mb in chunk], lcfg.m2po_tau))
         losses = []
-        for mb, logp, ent, ref in zip(chunk, logps, entropies, refs):
-            behav = mb.behav_logprobs.to(device)
-            if mb.prox_logprobs is not None:
-                prox = mb.prox_logprobs.to(device)
-            elif lcfg.proximal == "behaviour":
-                prox = behav
-            elif lcfg.proximal == "interpolate":
-                prox = proximal_logprobs_interpolate(behav, logp.detach(), mb.versions.to(device), version + 1, version)
-            else:
-                prox = logp.detach()
-            if keep_proximal and mb.prox_logprobs is None:
-                mb.prox_logprobs = prox.detach().cpu()
+        for mb, logp, ent, ref, behav, prox, keep in zip(chunk, logps, entropies, refs, behavs, proxs, keeps):
             loss, stats = policy_loss(
                 logp,
                 prox,
@@ -296,6 +319,8 @@ def train_step(
                 behav_cap_mode=lcfg.behav_cap_mode,
                 ratio_level=lcfg.ratio_level,
                 loss_agg=lcfg.agg,
+                behav_floor=lcfg.behav_floor,
+                keep=keep,
                 ref_logp=ref,
                 kl_coef=lcfg.kl_coef,
                 normaliser=normaliser,

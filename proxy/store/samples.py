@@ -2,7 +2,7 @@
 
 Two styles:
 - `individual`: one sample per completion: its full prompt ids, sampled ids, their
-  behaviour logprobs and per-token weight versions, its tree return, and the
+  behaviour logprobs and per-token weight versions, its tree return, why it stopped, and the
   session / group / turn it belongs to.
 - `concat`: one sample per token sequence (root or segment start to the sequence's end): its
   whole ids (every turn's prompt and reply), a loss mask over every sampled assistant token
@@ -42,6 +42,7 @@ class IndividualSample:
     reward: float | None
     session_reward: float
     temperature: float
+    finish_reason: str  # "length": the reply stopped at its token limit (truncated)
 
 
 @dataclass
@@ -99,6 +100,7 @@ def samples_for_session(session: Any, rows: list[Any]) -> SessionSamples:
                 reward=row.reward,
                 session_reward=reward,
                 temperature=row.temperature,
+                finish_reason=row.finish_reason,
             )
         )
     continued = {r.parent_id for r in rows if not starts_segment(r)}  # sequences that go on past these

@@ -23,6 +23,7 @@ def row(id, parent, depth, prompt, prompt_len, output, ret=1.0):
         ret=ret,
         reward=None,
         temperature=1.0,
+        finish_reason="stop",
     )
 
 

@@ -25,7 +25,15 @@ from trainer.selection import (
     select,
     selectors,
 )
-from trainer.step import group_logprobs, microbatches, padded_cost, shared_prefix_len, target_logprobs, train_step
+from trainer.step import (
+    group_logprobs,
+    m2po_keeps,
+    microbatches,
+    padded_cost,
+    shared_prefix_len,
+    target_logprobs,
+    train_step,
+)
 
 
 @pytest.fixture(scope="module")
@@ -355,3 +363,72 @@ def test_gradient_checkpointing_gives_the_same_step(tiny, samples, monkeypatch):
     for (name, a), b in zip(plain.named_parameters(), ckpt.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5, msg=name)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def stale_groups(model, offsets_seed: int = 0) -> list:
+    """SAMPLES packed with behaviour logprobs off the model's by about ±0.4: log w = prox - behav."""
+    groups = pack(SAMPLES, tokens_per_microbatch=1000, pad_id=0)
+    gen = torch.Generator().manual_seed(offsets_seed)
+    with torch.no_grad():
+        for g in groups:
+            off = 0.4 * torch.randn(g.loss_mask.shape, generator=gen)
+            g.behav_logprobs = target_logprobs(model, g, torch.device("cpu")) - torch.where(g.loss_mask, off, 0.0)
+    return groups
+
+
+def step_grads(model, groups, cfg):
+    model = copy.deepcopy(model)
+    result = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), groups, cfg, torch.device("cpu"), 0)
+    return result, [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("option", ["m2po", "floor"])
+def test_a_mask_option_drops_exactly_its_tokens_from_a_step(tiny, option):
+    """A step with M2PO (tau 0.04) or IcePop's floor (w < 0.8 masked) on the tiny model equals the
+    default step over the same samples with those tokens' advantages set to 0."""
+    groups = stale_groups(tiny)
+    masks = [g.loss_mask for g in groups]
+    with torch.no_grad():
+        proxs = [target_logprobs(tiny, g, torch.device("cpu")) for g in groups]
+    if option == "m2po":
+        loss = {"m2po_tau": 0.04}
+        keeps = m2po_keeps(proxs, [g.behav_logprobs for g in groups], masks, 0.04)
+    else:
+        loss = {"behav_floor": 0.8}
+        keeps = [(p - g.behav_logprobs).exp() >= 0.8 for p, g in zip(proxs, groups)]
+    dropped = sum(int((m & ~k).sum()) for m, k in zip(masks, keeps))
+    total = sum(int(m.sum()) for m in masks)
+    assert 0 < dropped < total, "the offsets put some tokens on each side"
+    on = TrainerConfig(loss={"agg": "token_mean", **loss}, optim={"grad_clip": 0})
+    result, grads = step_grads(tiny, groups, on)
+
+    zeroed = copy.deepcopy(groups)
+    for g, keep in zip(zeroed, keeps):
+        g.advantages = torch.where(keep, g.advantages, 0.0)
+    plain, expected = step_grads(tiny, zeroed, TrainerConfig(loss={"agg": "token_mean"}, optim={"grad_clip": 0}))
+    assert result.loss == pytest.approx(plain.loss, abs=1e-6)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    key = "m2po_masked_frac" if option == "m2po" else "behav_floored_frac"
+    assert result.stats[key] == pytest.approx(dropped / total)
+    log_w = torch.cat([(p - g.behav_logprobs)[m] for p, g, m in zip(proxs, groups, masks)])
+    assert result.stats["m2"] == pytest.approx(float((log_w**2).mean()), rel=1e-4)
+
+
+def test_mask_options_that_mask_nothing_leave_the_default_step_bit_identical(tiny):
+    groups = stale_groups(tiny)
+    default, default_grads = step_grads(tiny, groups, TrainerConfig(optim={"grad_clip": 0}))
+    loose = TrainerConfig(loss={"m2po_tau": 1e6, "behav_floor": 1e-30}, optim={"grad_clip": 0})
+    result, grads = step_grads(tiny, groups, loose)
+    assert result.stats["m2po_masked_frac"] == result.stats["behav_floored_frac"] == 0.0
+    assert result.loss == default.loss
+    assert all(torch.equal(a, b) for a, b in zip(grads, default_grads))
+
+
+def test_mask_options_say_how_to_fix_them():
+    with pytest.raises(ValueError, match=r"behav_floor 2.0 must be below behav_cap 2.0"):
+        TrainerConfig(loss={"behav_floor": 2.0, "behav_cap": 2.0})
+    with pytest.raises(ValueError, match=r"use proximal = 'recompute' or 'interpolate'"):
+        TrainerConfig(loss={"m2po_tau": 0.04, "proximal": "behaviour"})
+    defaults = TrainerConfig().loss
+    assert (defaults.behav_floor, defaults.m2po_tau) == (0.0, 0.0), "off unless asked for"

@@ -9,7 +9,9 @@ from trainer.losses import (
     loss_denominator,
     policy_loss,
     proximal_logprobs_interpolate,
+    second_moment_keep,
 )
+from trainer.step import m2po_keeps
 
 LN = math.log
 DEFAULTS = {
@@ -96,6 +98,82 @@ def test_behaviour_cap_modes():
     loss, stats, _ = _loss([[0.0, 0.0]], [[1.0, 1.0]], **{**kw, "behav_cap": 0.0})
     assert loss == pytest.approx(-5.0)
     assert stats["behav_capped_frac"] == 0.0
+
+
+def test_two_sided_behaviour_mask_icepop():
+    # weights 0.25, 1 and 8 with floor 0.5 and cap 5; ratio 1, A = 1
+    kw = {"prox_minus_behav": [[LN(0.25), 0.0, LN(8.0)]], "behav_cap": 5.0, "behav_floor": 0.5}
+    # mask: 0.25 below the floor and 8 over the cap are both dropped: (0 - 1 + 0) / 3; gradients 0, -1/3, 0
+    loss, stats, grad = _loss([[0.0] * 3], [[1.0] * 3], behav_cap_mode="mask", **kw)
+    assert loss == pytest.approx(-1 / 3)
+    _close(grad, [[0.0, -1 / 3, 0.0]])
+    assert stats["behav_floored_frac"] == pytest.approx(1 / 3)
+    assert stats["behav_capped_frac"] == pytest.approx(1 / 3)
+    # clamp: 0.25 raised to 0.5, 8 lowered to 5: (-0.5 - 1 - 5) / 3 = -2.166667; gradients the weights / 3
+    loss, stats, grad = _loss([[0.0] * 3], [[1.0] * 3], behav_cap_mode="clamp", **kw)
+    assert loss == pytest.approx(-6.5 / 3)
+    _close(grad, [[-0.5 / 3, -1 / 3, -5 / 3]])
+    # floor 0 (the default) is today's one-sided cap: (-0.25 - 1 + 0) / 3, and no floor statistic
+    loss, stats, _ = _loss([[0.0] * 3], [[1.0] * 3], **{**kw, "behav_floor": 0.0})
+    assert loss == pytest.approx(-1.25 / 3)
+    assert "behav_floored_frac" not in stats
+
+
+def test_two_sided_mask_at_sequence_level_bounds_the_geometric_mean():
+    # weights 0.25 and 1: exp(mean(ln 0.25, ln 1)) = 0.5 < floor 0.6 masks the whole sequence, although
+    # the second token alone (weight 1) is inside [0.6, 5]; floor 0.4 keeps it: -0.5 per token -> -0.5
+    kw = {"prox_minus_behav": [[LN(0.25), 0.0]], "behav_cap": 5.0, "ratio_level": "sequence"}
+    loss, stats, _ = _loss([[0.0, 0.0]], [[1.0, 1.0]], behav_floor=0.6, **kw)
+    assert loss == 0.0 and stats["behav_floored_frac"] == 1.0
+    loss, stats, _ = _loss([[0.0, 0.0]], [[1.0, 1.0]], behav_floor=0.4, **kw)
+    assert loss == pytest.approx(-0.5) and stats["behav_floored_frac"] == 0.0
+
+
+def test_second_moment_keep_masks_the_largest_until_the_mean_fits():
+    # log w 0.1, -0.5, 0.3, 0 -> M2 0.01, 0.25, 0.09, 0: mean 0.35 / 4 = 0.0875
+    log_w = torch.tensor([0.1, -0.5, 0.3, 0.0])
+    assert second_moment_keep(log_w, 0.1).tolist() == [True] * 4  # 0.0875 <= 0.1: nothing masked
+    # tau 0.04 (the paper's): mask 0.25 -> (0.01 + 0.09 + 0) / 3 = 0.0333 <= 0.04
+    assert second_moment_keep(log_w, 0.04).tolist() == [True, False, True, True]
+    # tau 0.03: 0.0333 is still over; mask 0.09 too -> (0.01 + 0) / 2 = 0.005
+    assert second_moment_keep(log_w, 0.03).tolist() == [True, False, False, True]
+    # "at most": M2 0.25, 0.0625, 0 with tau 0.03125; masking 0.25 leaves (0.0625 + 0) / 2 = 0.03125 exactly
+    assert second_moment_keep(torch.tensor([0.5, 0.25, 0.0]), 0.03125).tolist() == [False, True, True]
+    # equal M2 (1, 1, 0), tau 0.5: mean 2/3; the earlier of the two goes first, leaving (1 + 0) / 2 = 0.5
+    assert second_moment_keep(torch.tensor([1.0, -1.0, 0.0]), 0.5).tolist() == [False, True, True]
+    # every M2 over tau: nothing is left
+    assert second_moment_keep(torch.tensor([1.0, -1.0]), 0.5).tolist() == [False, False]
+    assert second_moment_keep(torch.zeros(0), 0.04).tolist() == []
+
+
+def test_m2po_mask_is_chosen_over_the_whole_pass():
+    # Group a (1 x 3): log w 0.5, 0 and a padding token; group b (2 x 2): 0.25, 0 / 0 and padding.
+    # Trained M2 in pass order: 0.25, 0 | 0.0625, 0, 0 -> mean 0.3125 / 5 = 0.0625 > tau 0.02.
+    # Masking 0.25 leaves 0.0625 / 4 = 0.015625 <= 0.02: b keeps everything, although on its own
+    # (0.0625 / 3 = 0.0208 > 0.02) its 0.25 token would have been masked.
+    behavs = [torch.zeros(1, 3), torch.zeros(2, 2)]
+    proxs = [torch.tensor([[0.5, 0.0, 9.0]]), torch.tensor([[0.25, 0.0], [0.0, 9.0]])]
+    masks = [torch.tensor([[1, 1, 0]]), torch.tensor([[1, 1], [1, 0]])]
+    keep_a, keep_b = m2po_keeps(proxs, behavs, masks, 0.02)
+    assert keep_a.tolist() == [[False, True, False]]
+    assert keep_b.tolist() == [[True, True], [True, False]]
+    assert m2po_keeps(proxs[1:], behavs[1:], masks[1:], 0.02)[0].tolist() == [[False, True], [True, False]]
+
+
+def test_m2po_kept_tokens_in_the_loss():
+    # weights 2, 1, 1 (log w ln 2, 0, 0); ratio 1; A = 1, 1, -2; M2PO keeps tokens 1 and 3
+    # token losses -2, 0 (masked), 2 -> 0 / 3 tokens (the masked one still counts); gradients -2/3, 0, 2/3
+    # M2 = (ln 2)^2 / 3 = 0.480453 / 3 = 0.160151, before the mask; a third of the tokens masked
+    keep = torch.tensor([[True, False, True]])
+    loss, stats, grad = _loss([[0.0] * 3], [[1.0, 1.0, -2.0]], prox_minus_behav=[[LN(2.0), 0.0, 0.0]], keep=keep)
+    assert loss == pytest.approx(0.0, abs=1e-7)
+    _close(grad, [[-2 / 3, 0.0, 2 / 3]])
+    assert stats["m2"] == pytest.approx(0.160151, abs=1e-6)
+    assert stats["m2po_masked_frac"] == pytest.approx(1 / 3)
+    # without the mask: -2, -1, 2 -> -1/3
+    loss, stats, _ = _loss([[0.0] * 3], [[1.0, 1.0, -2.0]], prox_minus_behav=[[LN(2.0), 0.0, 0.0]])
+    assert loss == pytest.approx(-1 / 3)
+    assert "m2po_masked_frac" not in stats
 
 
 def test_proximal_interpolation():

@@ -61,7 +61,7 @@ class _Batch:
     baseline: dict[str, float] = field(default_factory=dict)
     scale: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, list[str]] = field(default_factory=dict)  # by the metric that counts them
-    counts: dict[str, int] = field(default_factory=dict)  # the selectors' counts, logged with the step
+    counts: dict[str, float] = field(default_factory=dict)  # the selectors' counts (and totals), logged with the step
     dropped: int = 0
 
     def add(self, claim: Selection) -> None:

@@ -3,9 +3,9 @@
 `[trainer]` holds the run (model, device, budget, directories); `[trainer.batch]` what a step
 claims and how it is cut into forward passes; `[trainer.loss]` the advantage estimator and the
 decoupled PPO loss; `[trainer.optim]` AdamW; `[trainer.schedule]` the learning rate over the
-run; `[trainer.checkpoint]` what is kept. `[trainer.pods]`, `[trainer.unsolved]` and
-`[trainer.overlong]` turn batch selection strategies on by being present (`trainer/selection.py`).
-Pydantic only, so the CLI's `--help` stays instant.
+run; `[trainer.checkpoint]` what is kept; `[trainer.logging]` where metrics go. `[trainer.pods]`,
+`[trainer.unsolved]` and `[trainer.overlong]` turn batch selection strategies on by being present
+(`trainer/selection.py`). Pydantic only, so the CLI's `--help` stays instant.
 """
 
 from __future__ import annotations
@@ -152,6 +152,31 @@ class CheckpointConfig(Section):
     """How many of the newest checkpoints to keep."""
 
 
+class LoggingConfig(Section):
+    """Where metrics go: run_dir/metrics.jsonl always (every value), TensorBoard and Weights & Biases the
+    numbers alone (`trainer/loggers.py`). Only the main trainer process logs."""
+
+    tensorboard: bool = True
+    """Write TensorBoard event files to run_dir/tensorboard."""
+    wandb: bool = False
+    """Log to Weights & Biases as well (the optional extra: `pip install 'areal-proxy[wandb]'`); a resumed run
+    continues its W&B run (the id is kept in run_dir/wandb_run_id)."""
+    wandb_project: str = "areal-proxy"
+    """W&B project of the run."""
+    wandb_entity: str = ""
+    """W&B entity (user or team); empty: the logged-in user's default entity."""
+    wandb_run_name: str = ""
+    """Name of the W&B run; empty: the name of run_dir."""
+    wandb_mode: Literal["", "online", "offline"] = ""
+    """online streams to the W&B server (needs `wandb login` or WANDB_API_KEY); offline writes the run
+    locally only, to upload later with `wandb sync`; empty: the WANDB_MODE environment variable, else
+    online."""
+    wandb_dir: str = ""
+    """Folder W&B writes its `wandb/` directory into; empty: run_dir (so run_dir/wandb)."""
+    wandb_tags: list[str] = Field(default_factory=list)
+    """Tags of the W&B run."""
+
+
 class PodsConfig(Section):
     """Max-variance down-sampling (PODS, arXiv 2504.13818): of each group whose rewards differ, only the
     sessions whose rewards vary most are trained, the advantages computed over them; the rest are skipped
@@ -263,6 +288,8 @@ class TrainerConfig(Section):
     """Checkpoints under run_dir/checkpoints."""
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     """Activation memory: gradient checkpointing, microbatches sized from a memory estimate."""
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """Metrics loggers: metrics.jsonl, TensorBoard, Weights & Biases."""
     lora: Strategy[LoraConfig] = None
     """Present: train low-rank adapters instead of every weight (off when absent or false)."""
     processes: int = Field(default=1, ge=1, le=1024)

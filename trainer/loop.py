@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from evaluation.during import PeriodicEval
-from proxy.config import Config
+from proxy.config import Config, public_config
 from proxy.runtime.devices import DTYPES, select_device, warn_if_emulated_bf16
 from proxy.runtime.model_files import resolve_model
 from proxy.store.claims import claim_batch, end_step, mark_skipped, release_after, settle_through
@@ -99,7 +99,7 @@ class Trainer:
         # half the bytes of a float32 push); other engines cast on load as they are configured to.
         push_dtype = DTYPES.get(cfg.engine.dtype) if cfg.engine.backend == "local" else None
         self.sync = WeightSync(weights_dir, proxy_url(cfg), cfg.proxy.admin_key, dtype=push_dtype)
-        self.metrics = MetricsSink(self.run_dir) if self.rank.is_main else None
+        self.metrics = MetricsSink(self.run_dir, self.tcfg.logging, public_config(cfg)) if self.rank.is_main else None
         self.stall = StallWatch(self.tcfg.stall_steps)
         self.selectors = selectors(self.tcfg)
         self.claiming = claim_policy(self.tcfg)

@@ -1,37 +1,44 @@
-"""Training metrics: one JSON line per step (run_dir/metrics.jsonl) and TensorBoard."""
+"""Training metrics: a run's one sink for them, a stall detector, and reading them back.
+
+`MetricsSink` hands every row to the loggers `[trainer.logging]` asks for (`trainer/loggers.py`):
+run_dir/metrics.jsonl always, TensorBoard, Weights & Biases.
+"""
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
+from trainer.config import LoggingConfig
+from trainer.loggers import open_loggers
+
 
 class MetricsSink:
-    def __init__(self, run_dir: Path, tensorboard: bool = True) -> None:
+    """`cfg` picks the loggers; without one, metrics.jsonl and (with `tensorboard`) TensorBoard.
+    `run_config` is the run's effective configuration, recorded once by W&B."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: LoggingConfig | None = None,
+        run_config: dict[str, Any] | None = None,
+        *,
+        tensorboard: bool = True,
+    ) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
-        self._file = self.path.open("a")
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        cfg = cfg if cfg is not None else LoggingConfig(tensorboard=tensorboard)
+        self.loggers = open_loggers(run_dir, cfg, run_config)
 
     def log(self, step: int, values: dict[str, Any]) -> None:
-        row = {"step": step, "time": time.time(), **values}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-        if self._tb is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)):
-                    self._tb.add_scalar(key, value, step)
+        """One row at `step`: every JSON-able value to metrics.jsonl, the numbers to the others."""
+        for logger in self.loggers:
+            logger.log(step, values)
 
     def close(self) -> None:
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for logger in self.loggers:
+            logger.close()
 
 
 class StallWatch:

@@ -104,8 +104,11 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def progress_rows(run_dir: Path, max_steps: int) -> list[tuple[str, str]]:
-    """The training half of a launcher's live table: step, version, recent reward and loss."""
-    steps = [r for r in read_metrics(run_dir) if "reward_mean" in r]
+    """The training half of a launcher's live table: step, version, recent reward and loss, and the
+    last held-out evaluation ([eval]) beside the first."""
+    rows_read = read_metrics(run_dir)
+    steps = [r for r in rows_read if "reward_mean" in r]
+    evals = [r for r in rows_read if "eval_accuracy" in r]
     last = steps[-1] if steps else {}
     recent = steps[-10:]
     rows = [
@@ -122,6 +125,18 @@ def progress_rows(run_dir: Path, max_steps: int) -> list[tuple[str, str]]:
         ]
         if "lr" in last:
             rows.append(("learning rate", f"{last['lr']:.3g}"))
+    if evals:
+        e = evals[-1]
+        first = evals[0]
+        rows.append(
+            (
+                f"held-out eval (step {e['step']}, v{e.get('eval_version', '?')})",
+                f"{e['eval_accuracy']:.3f} [{e['eval_accuracy_low']:.3f}, {e['eval_accuracy_high']:.3f}]"
+                + (f", from {first['eval_accuracy']:.3f} at step {first['step']}" if len(evals) > 1 else ""),
+            )
+        )
+        if "eval_best_step" in e:
+            rows.append(("best evaluated step", str(e["eval_best_step"])))
     if last.get("stalled_steps"):
         n = last["stalled_steps"]
         rows.append(("warning", f"nothing trained in {n} steps: every group scored alike (see trainer.log)"))

@@ -126,3 +126,23 @@ def test_a_model_compared_with_itself_differs_by_an_interval_holding_zero(evalua
     # both runs drew every task from the same seeds
     a, b = result["report"], result["compare"]["report"]
     assert a["run"] != b["run"] and set(a["per_task"]) == set(b["per_task"])
+
+
+def test_eval_through_a_running_proxy_with_url(sqlite_proxy, tmp_path):
+    from evaluation.cli import run_eval
+    from proxy.config import load_config
+
+    cfg = load_config(
+        str(REPO / "examples/arithmetic/config.toml"),
+        [f"store.url={sqlite_proxy.db_url}", "eval.max_tasks=3", "eval.temperature=0", f"trainer.run_dir={tmp_path}"],
+    )
+    cfg.rollout.agent = str(REPO / "examples/arithmetic/agent.py:run")
+    cfg.rollout.dataset = str(REPO / "examples/arithmetic/agent.py:tasks")
+    result, path = run_eval(cfg, url=sqlite_proxy.url, name="via-url")
+    report = result["report"]
+    assert path == tmp_path / "evals" / f"{report['run']}.json" and path.is_file()
+    assert report["run"].startswith("via-url-") and report["episodes"] == 3
+    assert result["model"] == "smollm2-135m-instruct" and "compare" not in result
+    listed = sqlite_proxy.get("/sessions", params={"eval": "true", "limit": 10000}).json()["data"]
+    mine = [s for s in listed if (s["group_id"] or "").startswith(f"eval:{report['run']}:")]
+    assert len(mine) == 3 and all(s["temperature"] == 0 for s in mine)

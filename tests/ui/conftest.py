@@ -65,7 +65,7 @@ class UIProxy:
         return r.json()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> RecordedRun:
     tmp = tmp_path_factory.mktemp("ui-run")
     run = RecordedRun(tmp=tmp, db_url=f"sqlite:///{tmp}/areal.db", run_dir=tmp / "run")
@@ -118,7 +118,7 @@ def record_group(server: Server) -> tuple[dict[str, str], list[str]]:
     return ids, [s["api_key"] for s in sessions.values()]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ui_proxy(recorded_run: RecordedRun) -> Iterator[UIProxy]:
     template = recorded_run.tmp / "turn_counter.jinja"
     template.write_text(TURN_COUNTER_TEMPLATE)
@@ -128,7 +128,7 @@ def ui_proxy(recorded_run: RecordedRun) -> Iterator[UIProxy]:
         yield UIProxy(server=server, run=recorded_run, group=ids, keys=keys)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def standalone_ui(recorded_run: RecordedRun, ui_proxy: UIProxy) -> Iterator[str]:
     """`areal-proxy ui` beside the running proxy, over the same store (read while it is owned)."""
     args = ["--db", recorded_run.db_url, "--run-dir", str(recorded_run.run_dir)]
@@ -136,8 +136,10 @@ def standalone_ui(recorded_run: RecordedRun, ui_proxy: UIProxy) -> Iterator[str]
         yield url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    # Module scope: Playwright's sync API runs an event loop on this thread while it is open, and
+    # tests elsewhere that call asyncio.run() must not find it running.
     if not CHROMIUM.is_file():
         pytest.fail(f"no chromium at {CHROMIUM}: install Debian's (apt-get install chromium) or set AREAL_CHROMIUM")
     from playwright.sync_api import sync_playwright

@@ -80,6 +80,12 @@ function tiles(rows, data) {
   const train = rows.filter((r) => "reward_mean" in r);
   const last = train.at(-1) || {};
   const recent = train.slice(-10);
+  // A step that trained nothing logs no loss: show the latest value there is, and its step.
+  const latest = (key) => {
+    const row = train.findLast((r) => key in r);
+    if (!row) return "–";
+    return row === last ? num(value(row[key])) : `${num(value(row[key]))} @${row.step}`;
+  };
   const lastEval = rows.filter((r) => isEval(r) && "eval_accuracy" in r).at(-1);
   const t = data.training || {};
   const newest = rows.reduce((m, r) => Math.max(m, r.time || 0), 0);
@@ -94,10 +100,10 @@ function tiles(rows, data) {
       fact("accuracy (last 10)", num(mean(recent.map((r) => value(r.accuracy))))),
       fact("eval accuracy", lastEval ? `${num(value(lastEval.eval_accuracy))} [${num(value(lastEval.eval_accuracy_low))}, ${num(value(lastEval.eval_accuracy_high))}] @${lastEval.step}` : "–"),
       fact("staleness mean · max", last.staleness_mean === undefined ? "–" : `${num(value(last.staleness_mean))} · ${num(value(last.staleness_max))}`),
-      fact("samples/s", num(value(last.samples_per_s))),
-      fact("loss", num(value(last.loss))),
-      fact("grad norm", num(value(last.grad_norm))),
-      fact("learning rate", num(value(last.lr))),
+      fact("samples/s", latest("samples_per_s")),
+      fact("loss", latest("loss")),
+      fact("grad norm", latest("grad_norm")),
+      fact("learning rate", latest("lr")),
       fact("metric rows", h("span", { id: "run-rows", text: count(rows.length) })),
       fact("updated", h("span", { class: live ? "live" : "live stale", id: "run-updated", data: { time: newest }, text: newest ? ago(newest) : "–" })),
     ),

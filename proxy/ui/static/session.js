@@ -75,7 +75,7 @@ function header(view, tree) {
     fact("created", when(view.created_at)),
     fact("took", duration(took)),
     fact("temperature", view.temperature === null ? "as requested" : `forced ${num(view.temperature)}`),
-    fact("trainer", view.consumed_step === null ? (view.claimed_step === null ? "–" : `claimed by step ${view.claimed_step}`) : view.fate),
+    fact("claimed by", view.claimed_step === null ? "–" : `step ${view.claimed_step}`),
   );
   const meta = Object.keys(view.metadata || {}).length
     ? h("details", {}, h("summary", { text: "metadata" }), h("pre", { text: JSON.stringify(view.metadata, null, 2) }))

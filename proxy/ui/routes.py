@@ -14,14 +14,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from functools import cache
-from pathlib import Path
+from pathlib import Path as FilePath
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.responses import RedirectResponse, Response
 
 from proxy.errors import not_found
 from proxy.routes.common import JsonRoute, json_response
+from proxy.schemas.common import MAX_ID
 from proxy.sessions import bearer
 from proxy.store.browse import (
     count_sessions_capped,
@@ -36,11 +37,11 @@ from proxy.store.claims import trained_count
 from proxy.store.tree import session_rows
 from proxy.ui.advantages import BATCH_WIDE, advantages, in_claim
 from proxy.ui.runlog import read_rows
-from proxy.ui.schemas import RunQuery, SessionsQuery, decode_cursor, encode_cursor
+from proxy.ui.schemas import NO_NUL, RunQuery, SessionsQuery, decode_cursor, encode_cursor
 from proxy.ui.state import UIState
 from proxy.ui.views import group_view, prompt_view, session_view, summary
 
-STATIC = Path(__file__).parent / "static"
+STATIC = FilePath(__file__).parent / "static"
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -58,6 +59,8 @@ GROUP_LIMIT = 1024
 """Sessions shown of one group (a group is `rollout.group_size`, 1,024 at most a request)."""
 
 router = APIRouter(route_class=JsonRoute)
+Ident = Annotated[str, Path(min_length=1, max_length=MAX_ID, pattern=NO_NUL)]
+"""A session, node or group id in a path."""
 
 
 def ui_state(request: Request) -> UIState:
@@ -112,7 +115,7 @@ def _static(name: str, request: Request) -> Response:
         headers |= {"content-security-policy": CSP, "referrer-policy": "no-referrer"}
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=headers)
-    return Response(body, media_type=CONTENT_TYPES[Path(name).suffix], headers=headers)
+    return Response(body, media_type=CONTENT_TYPES[FilePath(name).suffix], headers=headers)
 
 
 # -- data ---------------------------------------------------------------------------------
@@ -165,28 +168,30 @@ async def sessions(query: Annotated[SessionsQuery, Query()], _: Admin, ui: UI) -
 
 
 @router.get("/ui/api/sessions/{session_id}")
-async def session(session_id: str, _: Admin, ui: UI) -> Response:
+async def session(session_id: Ident, _: Admin, ui: UI) -> Response:
     def read(conn: Any) -> tuple[Any, list[Any]]:
         return session_row(conn, session_id), session_rows(conn, session_id)[1]
 
     row, rows = await ui.db.aread(read)
     if row is None:
         raise not_found(f"session {session_id!r} not found", "session_id")
-    return json_response(session_view(row, rows, await ui.decoder()))
+    # Decoding a long episode's tokens takes a while: off the event loop, which meanwhile streams
+    # the agents' replies when the UI is served by the proxy.
+    return json_response(await asyncio.to_thread(session_view, row, rows, await ui.decoder()))
 
 
 @router.get("/ui/api/sessions/{session_id}/prompts/{node_id}")
-async def prompt(session_id: str, node_id: str, _: Admin, ui: UI) -> Response:
+async def prompt(session_id: Ident, node_id: Ident, _: Admin, ui: UI) -> Response:
     """One node's full prompt (ids and text), fetched when the reader opens it."""
     _, rows = await ui.db.aread(lambda c: session_rows(c, session_id))
-    view = prompt_view(rows, node_id, await ui.decoder())
+    view = await asyncio.to_thread(prompt_view, rows, node_id, await ui.decoder())
     if view is None:
         raise not_found(f"session {session_id!r} has no completion {node_id!r}", "node_id")
     return json_response(view)
 
 
 @router.get("/ui/api/groups/{group_id:path}")
-async def group(group_id: str, _: Admin, ui: UI) -> Response:
+async def group(group_id: Ident, _: Admin, ui: UI) -> Response:
     estimator = ui.cfg.trainer.loss.advantage
 
     def read(conn: Any) -> tuple[list[Any], list[Any], list[Any] | None, int | None]:
@@ -208,7 +213,7 @@ async def group(group_id: str, _: Admin, ui: UI) -> Response:
 @router.get("/ui/api/run")
 async def run(query: Annotated[RunQuery, Query()], _: Admin, ui: UI) -> Response:
     """The run's metrics lines after `offset`, and the store's sessions by fate."""
-    chunk = read_rows(ui.run_dir / "metrics.jsonl", query.offset)
+    chunk = await asyncio.to_thread(read_rows, ui.run_dir / "metrics.jsonl", query.offset)
     training = await ui.db.aread(trained_count)
     return json_response(
         {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,19 +19,21 @@ from proxy.schemas.common import MAX_ID
 from proxy.schemas.control import SessionStatus
 from proxy.store.browse import Cursor, SessionFilter
 
-Text = Annotated[str, Field(min_length=1, max_length=MAX_ID)]
+NO_NUL = r"^[^\x00]*$"
+"""PostgreSQL refuses a NUL in any string it is sent: a 400 here, not a database error."""
+Text = Annotated[str, Field(min_length=1, max_length=MAX_ID, pattern=NO_NUL)]
 Version = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Time = Annotated[float, Field(ge=0, le=1e11)]
-CursorText = Annotated[str, Field(min_length=1, max_length=1024)]
+CursorText = Annotated[str, Field(min_length=1, max_length=1024, pattern=NO_NUL)]
 
 
-class Query(BaseModel):
+class QueryString(BaseModel):
     """Query strings: values arrive as text, so not strict; unknown parameters are ignored."""
 
     model_config = ConfigDict(extra="ignore", strict=False, allow_inf_nan=False)
 
 
-class SessionsQuery(Query):
+class SessionsQuery(QueryString):
     """`GET /ui/api/sessions`: filters, a page size, and where the page starts."""
 
     status: SessionStatus | None = None
@@ -79,7 +82,7 @@ class SessionsQuery(Query):
         )
 
 
-class RunQuery(Query):
+class RunQuery(QueryString):
     """`GET /ui/api/run`: the metrics lines after a byte offset."""
 
     offset: Annotated[int, Field(ge=0, le=2**53)] = 0
@@ -100,6 +103,8 @@ def decode_cursor(text: str | None, param: str) -> Cursor | None:
         created_at, session_id = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
         if isinstance(created_at, bool) or not isinstance(created_at, int | float) or not isinstance(session_id, str):
             raise ValueError
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        if not math.isfinite(created_at := float(created_at)) or "\x00" in session_id:
+            raise ValueError
+    except (ValueError, TypeError, OverflowError, binascii.Error, UnicodeDecodeError):
         raise invalid_request(f"{param} is not a cursor from a sessions page", param, "invalid_cursor") from None
-    return Cursor(float(created_at), session_id)
+    return Cursor(created_at, session_id)

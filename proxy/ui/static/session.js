@@ -20,9 +20,10 @@ export async function render(main, [id], params, current) {
       ? h("div", { class: "split" }, h("div", { class: "panel tree", id: "tree" }), h("div", { id: "detail" }))
       : h("p", { class: "muted", text: "This session recorded no model call." }),
   );
-  if (!view.completions.length) return;
-  drawTree(state);
-  drawDetail(state);
+  if (view.completions.length) {
+    drawTree(state);
+    drawDetail(state);
+  }
   if (view.group_id) loadAdvantages(state, current);
 }
 
@@ -141,7 +142,8 @@ async function loadAdvantages(state, current) {
     if (!current()) return;
     const mine = group.sessions.find((s) => s.session_id === state.view.session_id);
     if (!mine || !mine.advantage) {
-      target.textContent = mine && state.view.eval ? "evaluation: not trained" : "not in a claim";
+      const v = state.view;
+      target.textContent = v.eval ? "evaluation: not trained" : v.status === "failed" ? "failed: not trained" : v.status === "open" ? "still open" : v.fate;
       return;
     }
     for (const turn of mine.turns) if (turn.advantage !== null) state.advantages.set(turn.id, turn.advantage);
@@ -149,8 +151,10 @@ async function loadAdvantages(state, current) {
     target.textContent = `${signed(a.value)} (${group.estimator}${a.flat ? (a.unsolved ? ", unsolved" : ", flat group: skipped") : ""})`;
     target.className = a.value > 0 ? "pos" : a.value < 0 ? "neg" : "";
     target.dataset.value = a.value;
-    drawTree(state);
-    drawDetail(state);
+    if (state.selected) {
+      drawTree(state);
+      drawDetail(state);
+    }
   } catch (error) {
     target.textContent = `unavailable: ${error.message}`;
   }

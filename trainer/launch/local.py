@@ -134,6 +134,7 @@ def launch(cfg: Config, config_path: str | None) -> int:
     proxy = children.start("proxy", ["-m", "proxy.cli", "serve"])
     try:
         wait_healthy(url, proxy, timeout=600, log_path=run_dir / "proxy.log")
+        console.print(f"web UI: {url}/ui/")
         trainers = children.start_trainers(cfg.trainer.processes)
         runner = EpisodeRunner(
             cfg.rollout, url, tasks, admin_key=cfg.proxy.admin_key, state_path=run_dir / "runner_state.json"

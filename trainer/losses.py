@@ -21,6 +21,9 @@ Two masks drop a token's policy-gradient term (its weight becomes 0; it still co
 - M2PO's second-moment trust region (Zheng et al. 2025, arXiv 2510.01161): of a pass's tokens, those of
   largest M2_t = (log w_t)² are masked, largest first, until the mean M2 of the rest is at most τ
   (`second_moment_keep`); unlike a clip it removes only the few extreme tokens of stale samples.
+
+With a critic (`trainer/gae.py`), `value_loss` is PPO's clipped value loss (Schulman et al. 2017, as in
+OpenAI baselines' ppo2): 0.5 · max((V − R)², (clip(V, V_old − ε_v, V_old + ε_v) − R)²).
 """
 
 import torch
@@ -193,4 +196,39 @@ def policy_loss(
         stats["m2po_masked_frac"] = _masked_mean((~keep.bool()).float(), mask)
     if entropy is not None:
         stats["entropy"] = _masked_mean(entropy.detach(), mask)
+    return loss, stats
+
+
+def value_loss(
+    values: torch.Tensor,  # (B, T) current critic, carries the gradient
+    old_values: torch.Tensor,  # (B, T) the critic's values the advantages were estimated with
+    returns: torch.Tensor,  # (B, T) value targets A + V_old
+    loss_mask: torch.Tensor,  # (B, T) 1 on trained tokens
+    *,
+    value_clip: float,
+    loss_agg: str = "token_mean",
+    normaliser: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped value loss (scalar), aggregated as the policy loss, and stats; value_clip <= 0 leaves V unclipped.
+
+    The max keeps the larger error, so a value that moved more than ε_v from V_old towards R gets no
+    gradient from the clipped branch's side: the critic cannot jump further in one update."""
+    mask = loss_mask.bool()
+    old, target = old_values.detach(), returns.detach()
+    err = (values - target) ** 2
+    if value_clip > 0:
+        clipped = old + (values - old).clamp(-value_clip, value_clip)
+        err_clipped = (clipped - target) ** 2
+        token_loss = 0.5 * torch.maximum(err, err_clipped)
+        clip_frac = _masked_mean((err_clipped > err).float(), mask)
+    else:
+        token_loss = 0.5 * err
+        clip_frac = 0.0
+    loss = aggregate(torch.where(mask, token_loss, 0.0), mask, loss_agg, normaliser)
+    stats = {
+        "value_loss": _masked_mean(token_loss.detach(), mask),
+        "value_clip_frac": clip_frac,
+        "value_mean": _masked_mean(values.detach(), mask),
+        "return_mean": _masked_mean(target, mask),
+    }
     return loss, stats

@@ -10,6 +10,7 @@ from trainer.losses import (
     policy_loss,
     proximal_logprobs_interpolate,
     second_moment_keep,
+    value_loss,
 )
 from trainer.step import m2po_keeps
 
@@ -323,3 +324,34 @@ def test_bad_modes_raise():
         _loss([[0.0]], [[1.0]], ratio_level="seq")
     with pytest.raises(ValueError, match="behav_cap_mode"):
         _loss([[0.0]], [[1.0]], behav_cap_mode="drop")
+
+
+def test_value_loss_clipped_by_hand():
+    # ε_v = 0.2, token_mean over the 3 masked tokens (the 4th is masked out):
+    #   t0: V 1, V_old 0.5 -> clip 0.7, R 0: (V − R)² = 1 > (0.7 − 0)² = 0.49: 0.5·1 = 0.5, grad V − R = 1
+    #   t1: V 1, V_old 0.5 -> clip 0.7, R 2: (1 − 2)² = 1 < (0.7 − 2)² = 1.69: 0.5·1.69 = 0.845, grad 0 (clip saturated)
+    #   t2: V = V_old = 0.5, R 1: both 0.25: 0.125, grad V − R = −0.5
+    #   loss (0.5 + 0.845 + 0.125) / 3 = 0.49; grads divided by 3; clipped branch chosen on 1 of 3
+    values = torch.tensor([[1.0, 1.0, 0.5, 2.0]], requires_grad=True)
+    old = torch.tensor([[0.5, 0.5, 0.5, 0.0]])
+    returns = torch.tensor([[0.0, 2.0, 1.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    loss, stats = value_loss(values, old, returns, mask, value_clip=0.2)
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(0.49)
+    torch.testing.assert_close(values.grad, torch.tensor([[1 / 3, 0.0, -0.5 / 3, 0.0]]))
+    assert stats["value_clip_frac"] == pytest.approx(1 / 3)
+    assert stats["value_loss"] == pytest.approx(0.49)
+
+
+def test_value_loss_unclipped_by_hand():
+    # value_clip 0: plain 0.5·(V − R)²: (0.5 + 0.5 + 0.125) / 3 = 0.375, t1's grad (1 − 2) / 3
+    values = torch.tensor([[1.0, 1.0, 0.5, 2.0]], requires_grad=True)
+    old = torch.tensor([[0.5, 0.5, 0.5, 0.0]])
+    loss, stats = value_loss(
+        values, old, torch.tensor([[0.0, 2.0, 1.0, 9.0]]), torch.tensor([[1, 1, 1, 0]]), value_clip=0.0
+    )
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(0.375)
+    torch.testing.assert_close(values.grad, torch.tensor([[1 / 3, -1 / 3, -0.5 / 3, 0.0]]))
+    assert stats["value_clip_frac"] == 0.0

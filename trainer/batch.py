@@ -31,6 +31,7 @@ class Sample:
     versions: list[int]
     advantages: list[float]
     temperature: float
+    turn: tuple[str, str | None, float] | None = None  # individual style: (completion id, parent id, raw reward)
 
     @property
     def prefix_len(self) -> int:
@@ -49,6 +50,9 @@ class PrefixGroup:
     advantages: torch.Tensor  # (G, O)
     temperature: torch.Tensor  # (G,)
     prox_logprobs: torch.Tensor | None = None  # (G, O), recomputed before several minibatches
+    turns: list[tuple[str, str | None, float] | None] | None = None  # (G,) each row's `Sample.turn`
+    old_values: torch.Tensor | None = None  # (G, O) the critic's values before this step (trainer/critic.py)
+    value_targets: torch.Tensor | None = None  # (G, O) GAE returns A + V_old the critic is trained towards
 
     @property
     def num_tokens(self) -> int:
@@ -80,6 +84,7 @@ def build_samples(
                         versions=[-1] * p + c.versions,
                         advantages=[0.0] * p + [(c.ret - b) / k] * n,
                         temperature=c.temperature,
+                        turn=(c.completion_id, c.parent_id, float(c.reward or 0.0)),
                     )
                 )
         else:
@@ -133,4 +138,5 @@ def _collate(prefix: tuple[int, ...], samples: list[Sample], pad_id: int) -> Pre
         versions=tail([s.versions for s in samples], -1, torch.long),
         advantages=tail([s.advantages for s in samples], 0.0, torch.float32),
         temperature=torch.tensor([s.temperature if s.temperature > 1e-5 else 1.0 for s in samples]),
+        turns=[s.turn for s in samples],
     )

@@ -135,6 +135,31 @@ def group_logprobs(
     Under gradient checkpointing (`checkpointed(model)`) the layers cannot take a cache, so each
     row runs instead as one full sequence, prefix included (`_full_sequence_hidden`).
     """
+    hidden, cont, sel, temps = group_hidden(model, groups, device)
+    inv_temp = (1.0 / temps)[:, None].expand_as(sel)[sel]  # (N,)
+    lm_head = model.get_output_embeddings()
+    logp, ent = head_logprobs(hidden[sel], lm_head.weight, lm_head.bias, cont[sel], inv_temp, entropy)
+    per_token = [logp] if ent is None else [logp, ent]
+    outs = [scatter_rows(sel, values, groups) for values in per_token]
+    return outs[0], (outs[1] if entropy else [])
+
+
+def scatter_rows(sel: torch.Tensor, values: torch.Tensor, groups: list[PrefixGroup]) -> list[torch.Tensor]:
+    """Per-token `values` (N,) at the selected positions of `sel` (R, O) back to each group's (G, O), zero off it."""
+    full = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device).masked_scatter(sel, values)
+    out, r = [], 0
+    for g in groups:
+        n, o = g.continuation.shape
+        out.append(full[r : r + n, :o])
+        r += n
+    return out
+
+
+def group_hidden(
+    model: Any, groups: list[PrefixGroup], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The decoder's last hidden state (R, O, H) at each position that predicts a continuation token of
+    the groups' R rows, with the rows' ids (R, O), loss mask (R, O) and temperatures (R,); see `group_logprobs`."""
     k = len(groups)
     p_len = torch.tensor([g.prefix.shape[0] for g in groups], device=device)
     rows = torch.tensor([g.continuation.shape[0] for g in groups], device=device)
@@ -159,17 +184,7 @@ def group_logprobs(
         hidden = _full_sequence_hidden(model, prefix, p_len, cont, owner)
     else:
         hidden = _prefix_shared_hidden(model, prefix, p_len, cont, owner)
-    inv_temp = (1.0 / temps)[:, None].expand_as(sel)[sel]  # (N,)
-    lm_head = model.get_output_embeddings()
-    logp, ent = head_logprobs(hidden[sel], lm_head.weight, lm_head.bias, cont[sel], inv_temp, entropy)
-    per_token = [logp] if ent is None else [logp, ent]
-    shapes = [g.continuation.shape for g in groups]
-    starts = [sum(n for n, _ in shapes[:i]) for i in range(k)]
-    outs: list[list[torch.Tensor]] = []
-    for values in per_token:  # back to each group's (G, O), zero off the mask
-        full = torch.zeros(sel.shape, dtype=torch.float32, device=device).masked_scatter(sel, values)
-        outs.append([full[r : r + n, :o] for r, (n, o) in zip(starts, shapes)])
-    return outs[0], (outs[1] if entropy else [])
+    return hidden, cont, sel, temps
 
 
 def target_logprobs(model: Any, group: PrefixGroup, device: torch.device) -> torch.Tensor:

@@ -1,0 +1,142 @@
+"""The critic on the tiny model: values read where the policy's logprobs are, GAE onto packed groups,
+and value steps that fit the targets."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.conftest import tiny_llama
+from trainer.batch import Sample, pack
+from trainer.critic import Critic, ValueHead, assign_gae, critic_step, estimate_values, group_values
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_llama().eval()
+
+
+def _sample(prompt: list[int], output: list[int], turn: tuple[str, str | None, float]) -> Sample:
+    n = len(output)
+    return Sample(
+        input_ids=prompt + output,
+        loss_mask=[0] * len(prompt) + [1] * n,
+        behav_logprobs=[0.0] * len(prompt) + [-1.0] * n,
+        versions=[-1] * len(prompt) + [0] * n,
+        advantages=[0.0] * (len(prompt) + n),
+        temperature=1.0,
+        turn=turn,
+    )
+
+
+# A session a -> b (b's prompt is a's prompt and reply plus a tool message), and a lone session c.
+SAMPLES = [
+    _sample([5, 6], [7, 8], ("a", None, 0.0)),
+    _sample([5, 6, 7, 8, 9], [10, 11], ("b", "a", 2.0)),
+    _sample([3, 4, 5], [12, 13, 14], ("c", None, 1.0)),
+]
+
+
+def _critic(tiny, body=None, seed: int = 1) -> Critic:
+    torch.manual_seed(seed)
+    head = ValueHead(tiny.config.hidden_size)
+    torch.nn.init.normal_(head.proj.weight, std=0.1)  # nonzero, so the comparison below can fail
+    params = [{"params": list(head.parameters()), "lr": 1e-2}]
+    if body is not None:
+        params.append({"params": list(body.parameters()), "lr": 1e-3})
+    return Critic(head, torch.optim.Adam(params), body)
+
+
+def test_values_are_read_where_the_logprobs_are(tiny):
+    # V_t = head(hidden state at position t − 1 of the full sequence), the state before token t is sampled
+    critic = _critic(tiny)
+    groups = pack(SAMPLES, 1000, pad_id=0)
+    with torch.no_grad():
+        got = [
+            g_v[row][g.loss_mask[row]]
+            for g in groups
+            for g_v in [group_values(critic, tiny, [g], CPU)[0]]
+            for row in range(g_v.shape[0])
+        ]
+        expected = []
+        for g in groups:
+            for row in range(g.continuation.shape[0]):
+                turn = g.turns[row]
+                s = next(s for s in SAMPLES if s.turn == turn)
+                hidden = tiny.model(torch.tensor([s.input_ids])).last_hidden_state[0]
+                at = [t - 1 for t, m in enumerate(s.loss_mask) if m]
+                expected.append(critic.head(hidden[at]))
+    for g_row, e_row in zip(got, expected):
+        torch.testing.assert_close(g_row, e_row, atol=1e-5, rtol=0)
+
+
+def test_zero_initialised_head_starts_at_zero(tiny):
+    critic = Critic(ValueHead(tiny.config.hidden_size), torch.optim.Adam([torch.zeros(1)]))
+    groups = pack(SAMPLES, 1000, pad_id=0)
+    estimate_values(critic, tiny, groups, CPU, 1000)
+    assert all(torch.equal(g.old_values, torch.zeros_like(g.old_values)) for g in groups)
+
+
+def _with_old_values(groups, values: dict[str, list[float]]):
+    for g in groups:
+        g.old_values = torch.zeros(g.loss_mask.shape)
+        for row, (turn_id, _, _) in enumerate(g.turns):
+            g.old_values[row][g.loss_mask[row]] = torch.tensor(values[turn_id])
+
+
+def test_assign_gae_links_turns_across_groups():
+    # a and b fall into different prefix groups; γ = 1, λ = 0.5 as tests/trainer/test_gae.py's chain:
+    #   b (V 0.6, 0.8; R 2): A = 0.8, 1.2;  a (V 0.1, 0.3; R 0) bootstraps V 0.6, A 0.8: A = 0.55, 0.7
+    #   c alone (V 0.5, 0.5, 0.5; R 1): δ = −0.5 + 0.5 = 0, 0, 1 − 0.5 = 0.5; A = 0.125, 0.25, 0.5
+    groups = pack(SAMPLES, 1000, pad_id=0)
+    _with_old_values(groups, {"a": [0.1, 0.3], "b": [0.6, 0.8], "c": [0.5, 0.5, 0.5]})
+    assign_gae(groups, gamma=1.0, lam=0.5, whitened=False)
+    by_turn = {
+        g.turns[row][0]: (g.advantages[row][g.loss_mask[row]].tolist(), g.value_targets[row][g.loss_mask[row]].tolist())
+        for g in groups
+        for row in range(len(g.turns))
+    }
+    assert by_turn["a"][0] == pytest.approx([0.55, 0.7])
+    assert by_turn["b"][0] == pytest.approx([0.8, 1.2])
+    assert by_turn["c"][0] == pytest.approx([0.125, 0.25, 0.5])
+    assert by_turn["a"][1] == pytest.approx([0.65, 1.0])
+    assert all(float(g.advantages[~g.loss_mask].abs().sum()) == 0 for g in groups)
+    # whitened: the seven trained tokens' advantages have mean 0 and (n − 1) std 1; targets unchanged
+    assign_gae(groups, gamma=1.0, lam=0.5, whitened=True)
+    flat = torch.cat([g.advantages[g.loss_mask] for g in groups])
+    assert float(flat.mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(flat.std()) == pytest.approx(1.0, abs=1e-4)
+    assert torch.cat([g.value_targets[g.loss_mask] for g in groups]).tolist() == pytest.approx(
+        [t for g in groups for row in range(len(g.turns)) for t in by_turn[g.turns[row][0]][1]]
+    )
+
+
+def test_assign_gae_needs_values():
+    groups = pack(SAMPLES, 1000, pad_id=0)
+    with pytest.raises(ValueError, match="old_values"):
+        assign_gae(groups, gamma=1.0, lam=0.95)
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_critic_steps_fit_the_targets(tiny, separate):
+    # Fixed targets (the GAE returns of a batch), value clip on: Adam's steps bring the value loss down;
+    # a critic on the policy's body leaves the policy's weights as they were.
+    body = copy.deepcopy(tiny) if separate else None
+    critic = _critic(tiny, body)
+    policy_before = [p.detach().clone() for p in tiny.parameters()]
+    groups = pack(SAMPLES, 1000, pad_id=0)
+    losses = []
+    for _ in range(12):
+        estimate_values(critic, tiny, groups, CPU, 1000)
+        for g in groups:
+            g.value_targets = torch.where(g.loss_mask, 1.5, 0.0)
+        losses.append(critic_step(critic, tiny, groups, CPU, value_clip=0.2, tokens_per_microbatch=1000)["value_loss"])
+    assert all(later < losses[0] for later in losses[1:]), losses
+    assert losses[-1] < 0.25 * losses[0], losses
+    assert all(torch.equal(p, q) for p, q in zip(tiny.parameters(), policy_before))
+    if separate:
+        assert any(not torch.equal(p, q) for p, q in zip(body.parameters(), policy_before))

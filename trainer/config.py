@@ -5,7 +5,8 @@ claims and how it is cut into forward passes; `[trainer.loss]` the advantage est
 decoupled PPO loss; `[trainer.optim]` AdamW; `[trainer.schedule]` the learning rate over the
 run; `[trainer.checkpoint]` what is kept; `[trainer.logging]` where metrics go. `[trainer.pods]`,
 `[trainer.unsolved]` and `[trainer.overlong]` turn batch selection strategies on by being present
-(`trainer/selection.py`). Pydantic only, so the CLI's `--help` stays instant.
+(`trainer/selection.py`); `[trainer.critic]`, present, trains a value function and takes advantages from
+GAE (`trainer/critic.py`). Pydantic only, so the CLI's `--help` stays instant.
 """
 
 from __future__ import annotations
@@ -243,6 +244,24 @@ class OverlongConfig(Section):
         return self
 
 
+class CriticConfig(Section):
+    """PPO with a critic (`trainer/critic.py`, `trainer/gae.py`): advantages from GAE over each session's tree."""
+
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0)
+    """GAE's discount γ, per token: below 1 it discounts a long reply hard."""
+    lam: float = Field(default=0.95, ge=0.0, le=1.0)
+    """GAE's λ: 1 is the discounted return less the value, 0 the one-step TD error."""
+    value_clip: float = Field(default=0.2, ge=0.0)
+    """PPO value clipping ε_v: a value moves at most this far from the one the advantages used (0 disables)."""
+    lr: float = Field(default=1e-4, gt=0.0)
+    """Learning rate of the critic's AdamW (its value head, and its own model when `model` is set)."""
+    model: str = ""
+    """Empty: a value head on the policy model's last hidden state (detached: the value loss trains the head
+    alone); else a separate small model (Hugging Face id or path) with its own head, trained with it."""
+    whiten: bool = True
+    """Whiten the GAE advantages over each step's trained tokens (mean 0, std 1)."""
+
+
 class TrainerConfig(Section):
     model: str = ""
     """Model to train; empty uses [engine] model."""
@@ -301,6 +320,8 @@ class TrainerConfig(Section):
     """Present: train groups that failed every time with a negative advantage (off when absent or false)."""
     overlong: Strategy[OverlongConfig] = None
     """Present: penalise replies by their length, or leave truncated ones out (DAPO; off when absent or false)."""
+    critic: Strategy[CriticConfig] = None
+    """Present: PPO with a critic, advantages from GAE instead of the group estimator (off when absent or false)."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
@@ -308,5 +329,10 @@ class TrainerConfig(Section):
             raise ValueError(
                 f"trainer.schedule.shape {self.schedule.shape!r} decays the learning rate over the run's "
                 "budget: set trainer.max_steps or trainer.max_minutes"
+            )
+        if self.critic is not None and (self.batch.style != "individual" or self.processes != 1):
+            raise ValueError(
+                "[trainer.critic] needs trainer.batch.style = 'individual' and trainer.processes = 1 "
+                f"(got {self.batch.style!r} and {self.processes}): set them, or leave the section out"
             )
         return self

@@ -13,11 +13,13 @@ value loss (`trainer/losses.value_loss`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainer.batch import PrefixGroup
+from trainer.config import CriticConfig
 from trainer.gae import Turn, tree_gae, whiten
 from trainer.losses import loss_denominator, value_loss
 from trainer.step import group_hidden, microbatches, scatter_rows
@@ -45,6 +47,57 @@ class Critic:
     def parameters(self) -> list[torch.nn.Parameter]:
         own = list(self.head.parameters())
         return own + ([p for p in self.body.parameters() if p.requires_grad] if self.body is not None else [])
+
+
+CRITIC_FILE = "critic.pt"
+"""A checkpoint's value head and the critic's optimizer state."""
+CRITIC_MODEL_DIR = "critic_model"
+"""A checkpoint's separate critic model (save_pretrained), when `[trainer.critic] model` is set."""
+
+
+def build(ccfg: CriticConfig, policy_model: Any, device: torch.device, resume: Path | None = None) -> Critic:
+    """The critic of `[trainer.critic]`: a head on the policy's decoder, or `ccfg.model` with its own head;
+    from checkpoint `resume` when it holds one (its head, optimizer state and separate model), else new
+    (a run that turns the critic on when it resumes starts it from zero values)."""
+    if resume is not None and not (resume / CRITIC_FILE).is_file():
+        resume = None
+    body = None
+    if ccfg.model:
+        from transformers import AutoModelForCausalLM
+
+        source = resume / CRITIC_MODEL_DIR if resume is not None else ccfg.model
+        body = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).to(device).eval()
+    hidden_size = (body if body is not None else policy_model).config.hidden_size
+    head = ValueHead(hidden_size).to(device)
+    params = list(head.parameters()) + (list(body.parameters()) if body is not None else [])
+    critic = Critic(head, torch.optim.AdamW(params, lr=ccfg.lr, weight_decay=0.0), body)
+    if resume is not None:
+        state = torch.load(resume / CRITIC_FILE, map_location=device, weights_only=True)
+        critic.head.load_state_dict(state["head"])
+        critic.optimizer.load_state_dict(state["optimizer"])
+    return critic
+
+
+def save(critic: Critic, target: Path) -> None:
+    """Write the critic into checkpoint folder `target` (read back by `build(..., resume=target)`)."""
+    target.mkdir(parents=True, exist_ok=True)
+    torch.save({"head": critic.head.state_dict(), "optimizer": critic.optimizer.state_dict()}, target / CRITIC_FILE)
+    if critic.body is not None:
+        critic.body.save_pretrained(target / CRITIC_MODEL_DIR, safe_serialization=True)
+
+
+def prepare(
+    critic: Critic,
+    policy_model: Any,
+    groups: list[PrefixGroup],
+    ccfg: CriticConfig,
+    device: torch.device,
+    tokens_per_microbatch: int,
+    agg: str = "mean",
+) -> None:
+    """Before a step's PPO passes: the critic's values on every group, then GAE advantages and value targets."""
+    estimate_values(critic, policy_model, groups, device, tokens_per_microbatch)
+    assign_gae(groups, ccfg.gamma, ccfg.lam, agg, ccfg.whiten)
 
 
 def group_values(

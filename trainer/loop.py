@@ -33,7 +33,7 @@ from proxy.runtime.model_files import resolve_model
 from proxy.store.claims import claim_batch, end_step, mark_skipped, release_after, settle_through
 from proxy.store.db import Database
 from proxy.store.samples import SessionSamples, load_samples
-from trainer import audit, checkpoint, distributed, policy
+from trainer import audit, checkpoint, critic, distributed, policy
 from trainer.batch import build_samples, pack
 from trainer.metrics import MetricsSink, StallWatch
 from trainer.schedule import lr_factor, progress
@@ -106,6 +106,7 @@ class Trainer:
         self.state = checkpoint.TrainerState()
         self.stopping = False
         self.policy: policy.Policy | None = None
+        self.critic: critic.Critic | None = None  # [trainer.critic]: PPO with a value function
         self.model: Any = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.pad_id = 0
@@ -131,6 +132,8 @@ class Trainer:
         shard = self._shard if self.rank.distributed else None
         self.policy = policy.build(self.cfg, self.device, str(base), resume, shard)
         self.model, self.optimizer = self.policy.model, self.policy.optimizer
+        if self.tcfg.critic is not None:
+            self.critic = critic.build(self.tcfg.critic, self.model, self.device, resume)
         self.step_optimizer = self.optimizer
         if self.sharded is not None:
             self.step_optimizer = distributed.ShardedOptimizer(self.optimizer, self.sharded, self.tcfg.optim.grad_clip)
@@ -366,6 +369,9 @@ class Trainer:
         batches = pack(samples, b.tokens_per_microbatch, self.pad_id)
         parts = [batches[i :: b.minibatches] for i in range(b.minibatches)]
         mine = distributed.shares(parts, self.rank) if self.sharded is not None else parts
+        if self.critic is not None:  # GAE advantages replace the group estimator's (single process)
+            tpm, agg = b.tokens_per_microbatch, self.cfg.rewards.aggregate
+            critic.prepare(self.critic, self.model, batches, self.tcfg.critic, self.device, tpm, agg)
         if b.minibatches * b.epochs > 1 and self.tcfg.loss.proximal == "recompute":
             own = [g for share in mine for g in share]
             if self.sharded is not None:
@@ -384,7 +390,21 @@ class Trainer:
                     )
                 else:
                     result = train_step(self.model, self.optimizer, part, self.tcfg, *args, keep_proximal=b.epochs > 1)
+                if self.critic is not None:
+                    result.stats.update(self._critic_step(part))
         return result
+
+    def _critic_step(self, part: list) -> dict[str, float]:
+        """One update of [trainer.critic]'s value function on the groups the policy just trained on."""
+        return critic.critic_step(
+            self.critic,
+            self.model,
+            part,
+            self.device,
+            value_clip=self.tcfg.critic.value_clip,
+            tokens_per_microbatch=self.tcfg.batch.tokens_per_microbatch,
+            grad_clip=self.tcfg.optim.grad_clip,
+        )
 
     # -- several processes ------------------------------------------------------------
     def follow(self) -> int:
@@ -447,8 +467,14 @@ class Trainer:
             self.state,
             self.tcfg.checkpoint.keep,
             self.tokenizer,
-            write_model=self.policy.save_model,
+            write_model=self._write_model,
         )
+
+    def _write_model(self, target: Path) -> None:
+        """A checkpoint's model (`Policy.save_model`) and, with [trainer.critic], the critic beside it."""
+        self.policy.save_model(target)
+        if self.critic is not None:
+            critic.save(self.critic, target)
 
     def _audit(self, entry: dict[str, Any]) -> None:
         """Append-only record of which sessions each step trained on (and of resumes)."""

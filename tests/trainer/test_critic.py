@@ -140,3 +140,44 @@ def test_critic_steps_fit_the_targets(tiny, separate):
     assert all(torch.equal(p, q) for p, q in zip(tiny.parameters(), policy_before))
     if separate:
         assert any(not torch.equal(p, q) for p, q in zip(body.parameters(), policy_before))
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_checkpoint_restores_head_optimizer_and_model(tiny, tmp_path, separate):
+    from trainer import critic as critic_mod
+    from trainer.config import CriticConfig
+
+    model_dir = tmp_path / "critic_base"
+    tiny.save_pretrained(model_dir)
+    ccfg = CriticConfig(model=str(model_dir) if separate else "", lr=1e-2)
+    built = critic_mod.build(ccfg, tiny, CPU)
+    assert (built.body is not None) == separate
+    groups = pack(SAMPLES, 1000, pad_id=0)
+    estimate_values(built, tiny, groups, CPU, 1000)
+    for g in groups:
+        g.value_targets = torch.where(g.loss_mask, 1.0, 0.0)
+    critic_step(built, tiny, groups, CPU, value_clip=0.2, tokens_per_microbatch=1000)
+    ckpt = tmp_path / "step_0000001"
+    critic_mod.save(built, ckpt)
+    back = critic_mod.build(ccfg, tiny, CPU, resume=ckpt)
+    torch.testing.assert_close(back.head.state_dict(), built.head.state_dict(), rtol=0, atol=0)
+    saved, loaded = built.optimizer.state_dict(), back.optimizer.state_dict()
+    assert loaded["state"].keys() == saved["state"].keys() and loaded["state"]
+    for key in saved["state"]:
+        torch.testing.assert_close(loaded["state"][key]["exp_avg"], saved["state"][key]["exp_avg"], rtol=0, atol=0)
+    if separate:
+        for p, q in zip(back.body.parameters(), built.body.parameters()):
+            torch.testing.assert_close(p, q, rtol=0, atol=0)
+    # a checkpoint written without a critic: a new one, every value 0
+    fresh = critic_mod.build(ccfg, tiny, CPU, resume=tmp_path / "no_critic_here")
+    assert float(fresh.head.proj.weight.detach().abs().sum()) == 0.0
+
+
+def test_critic_section_is_a_strategy_and_says_what_it_needs():
+    from proxy.config import ConfigError, load_config
+
+    assert load_config(None, []).trainer.critic is None
+    on = load_config(None, ["trainer.critic.lam=0.9"]).trainer.critic
+    assert on.lam == 0.9 and on.gamma == 1.0 and on.model == "" and on.whiten
+    with pytest.raises(ConfigError, match=r"needs trainer.batch.style = 'individual' and trainer.processes = 1"):
+        load_config(None, ["trainer.critic.lam=0.9", "trainer.batch.style=concat"])

@@ -335,4 +335,9 @@ class TrainerConfig(Section):
                 "[trainer.critic] needs trainer.batch.style = 'individual' and trainer.processes = 1 "
                 f"(got {self.batch.style!r} and {self.processes}): set them, or leave the section out"
             )
+        if self.critic is not None and (self.unsolved is not None or (self.overlong and self.overlong.max_tokens)):
+            raise ValueError(
+                "[trainer.critic] takes advantages from GAE on the raw rewards: [trainer.unsolved]'s advantage and "
+                "[trainer.overlong]'s length penalty (max_tokens) would be ignored; leave them out with the critic"
+            )
         return self

@@ -181,3 +181,7 @@ def test_critic_section_is_a_strategy_and_says_what_it_needs():
     assert on.lam == 0.9 and on.gamma == 1.0 and on.model == "" and on.whiten
     with pytest.raises(ConfigError, match=r"needs trainer.batch.style = 'individual' and trainer.processes = 1"):
         load_config(None, ["trainer.critic.lam=0.9", "trainer.batch.style=concat"])
+    for other in (["trainer.unsolved.advantage=-0.5"], ["trainer.overlong.max_tokens=64"]):
+        with pytest.raises(ConfigError, match=r"would be ignored; leave them out with the critic"):
+            load_config(None, ["trainer.critic.lam=0.9", *other])
+    assert load_config(None, ["trainer.critic.lam=0.9", "trainer.overlong.mask_truncated=true"]).trainer.critic

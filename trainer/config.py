@@ -260,6 +260,18 @@ class CriticConfig(Section):
     alone); else a separate small model (Hugging Face id or path) with its own head, trained with it."""
     whiten: bool = True
     """Whiten the GAE advantages over each step's trained tokens (mean 0, std 1)."""
+    value_coef: float = Field(default=0.0, ge=0.0)
+    """With `model` empty: above 0, this times the value loss joins the policy's loss, so it trains the
+    policy's decoder too (shared body); 0 trains the head alone on the detached hidden state."""
+
+    @model_validator(mode="after")
+    def _check(self) -> CriticConfig:
+        if self.value_coef and self.model:
+            raise ValueError(
+                f"trainer.critic.value_coef {self.value_coef} shares the policy's body, but trainer.critic.model "
+                f"{self.model!r} is a separate critic: set value_coef = 0 or model = ''"
+            )
+        return self
 
 
 class TrainerConfig(Section):

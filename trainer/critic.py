@@ -150,6 +150,15 @@ def assign_gae(groups: list[PrefixGroup], gamma: float, lam: float, agg: str = "
             g.advantages = torch.zeros_like(g.advantages).masked_scatter(g.loss_mask, part)
 
 
+def step_head(critic: Critic, grad_clip: float = 0.0) -> dict[str, float]:
+    """Step the critic's optimizer on the head's gradients from a joint `train_step` (value_coef > 0)."""
+    params = [p for p in critic.head.parameters() if p.grad is not None]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf")))
+    critic.optimizer.step()
+    critic.optimizer.zero_grad(set_to_none=True)
+    return {"value_grad_norm": grad_norm}
+
+
 def critic_step(
     critic: Critic,
     policy_model: Any,

@@ -389,13 +389,25 @@ class Trainer:
                         self.step_optimizer, part, share, self.tcfg, *args, keep_proximal=b.epochs > 1
                     )
                 else:
-                    result = train_step(self.model, self.optimizer, part, self.tcfg, *args, keep_proximal=b.epochs > 1)
+                    result = train_step(
+                        self.model, self.optimizer, part, self.tcfg, *args, keep_proximal=b.epochs > 1, **self._joint()
+                    )
                 if self.critic is not None:
                     result.stats.update(self._critic_step(part))
         return result
 
+    def _joint(self) -> dict[str, Any]:
+        """train_step's value arguments: [trainer.critic] with value_coef > 0 trains its head in the policy's step."""
+        ccfg = self.tcfg.critic
+        if self.critic is None or not ccfg.value_coef:
+            return {}
+        return {"value_head": self.critic.head, "value_coef": ccfg.value_coef, "value_clip": ccfg.value_clip}
+
     def _critic_step(self, part: list) -> dict[str, float]:
-        """One update of [trainer.critic]'s value function on the groups the policy just trained on."""
+        """One update of [trainer.critic]'s value function on the groups the policy just trained on (with
+        value_coef > 0, the step of its head on the gradients the policy's step left)."""
+        if self.tcfg.critic.value_coef:
+            return critic.step_head(self.critic, self.tcfg.optim.grad_clip)
         return critic.critic_step(
             self.critic,
             self.model,

@@ -22,7 +22,13 @@ from transformers.cache_utils import DynamicCache
 from trainer.batch import PrefixGroup
 from trainer.config import TrainerConfig
 from trainer.head import head_logprobs
-from trainer.losses import loss_denominator, policy_loss, proximal_logprobs_interpolate, second_moment_keep
+from trainer.losses import (
+    loss_denominator,
+    policy_loss,
+    proximal_logprobs_interpolate,
+    second_moment_keep,
+    value_loss,
+)
 from trainer.memory import microbatch_budget
 from trainer.policy import Reference
 
@@ -136,6 +142,19 @@ def group_logprobs(
     row runs instead as one full sequence, prefix included (`_full_sequence_hidden`).
     """
     hidden, cont, sel, temps = group_hidden(model, groups, device)
+    return hidden_logprobs(model, hidden, cont, sel, temps, groups, entropy)
+
+
+def hidden_logprobs(
+    model: Any,
+    hidden: torch.Tensor,  # (R, O, H) from `group_hidden`
+    cont: torch.Tensor,  # (R, O)
+    sel: torch.Tensor,  # (R, O) bool
+    temps: torch.Tensor,  # (R,)
+    groups: list[PrefixGroup],
+    entropy: bool = False,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`group_logprobs` from the hidden states of its groups: the LM head at the selected positions only."""
     inv_temp = (1.0 / temps)[:, None].expand_as(sel)[sel]  # (N,)
     lm_head = model.get_output_embeddings()
     logp, ent = head_logprobs(hidden[sel], lm_head.weight, lm_head.bias, cont[sel], inv_temp, entropy)
@@ -280,6 +299,19 @@ def normaliser_for(batches: list[PrefixGroup], loss_agg: str) -> float:
     return sum(loss_denominator(mb.loss_mask, loss_agg) for mb in batches)
 
 
+def _value_term(
+    values: torch.Tensor, mb: PrefixGroup, clip: float, normaliser: float, device: torch.device, stats: dict
+) -> torch.Tensor:
+    """A group's clipped value loss (token mean over the step), its statistics added to `stats`."""
+    if mb.old_values is None or mb.value_targets is None:
+        raise ValueError("a step with a value head needs each group's old_values and value_targets (critic.prepare)")
+    mask = mb.loss_mask.to(device)
+    old, targets = mb.old_values.to(device), mb.value_targets.to(device)
+    loss, value_stats = value_loss(values, old, targets, mask, value_clip=clip, normaliser=normaliser)
+    stats.update(value_stats)
+    return loss
+
+
 def train_step(
     model: Any,
     optimizer: torch.optim.Optimizer,
@@ -289,22 +321,35 @@ def train_step(
     version: int,
     reference: Reference | None = None,
     keep_proximal: bool = False,
+    value_head: torch.nn.Module | None = None,
+    value_coef: float = 0.0,
+    value_clip: float = 0.0,
 ) -> StepResult:
     """One optimizer step over `batches`. With `keep_proximal`, the proximal logprobs a group is
     first trained against (interpolated, or the behaviour's) are stored on it, so a later pass over
     the same group (another epoch) is measured against the same proximal policy, not the updated one.
     With `loss.m2po_tau`, M2PO's mask is chosen over each forward pass's trained tokens together (the
-    proximal logprobs of a pass are known only after its forward; AReaL too masks per microbatch)."""
+    proximal logprobs of a pass are known only after its forward; AReaL too masks per microbatch).
+    With `value_head` (a critic's head on this model, `trainer/critic.py`), value_coef × the clipped value
+    loss against each group's `old_values` and `value_targets` joins the loss: its gradient reaches the
+    model's decoder and the head (whose own optimizer the caller steps)."""
     lcfg = cfg.loss
     model.train()
     optimizer.zero_grad(set_to_none=True)
     normaliser = normaliser_for(batches, lcfg.agg)
+    value_normaliser = normaliser_for(batches, "token_mean")
     autocast = _autocast(device, cfg.autocast_bf16)
     total_loss, tokens = 0.0, 0
     sums: dict[str, float] = {}
     for chunk in microbatches(batches, cfg.batch.tokens_per_microbatch, microbatch_budget(model, cfg)):
+        values: list[torch.Tensor | None] = [None] * len(chunk)
         with autocast:
-            logps, entropies = group_logprobs(model, chunk, device, entropy=True)
+            if value_head is None:
+                logps, entropies = group_logprobs(model, chunk, device, entropy=True)
+            else:
+                hidden, cont, sel, temps = group_hidden(model, chunk, device)
+                logps, entropies = hidden_logprobs(model, hidden, cont, sel, temps, chunk, entropy=True)
+                values = list(scatter_rows(sel, value_head(hidden[sel]), chunk))
         if not lcfg.entropy_coef:
             entropies = [e.detach() for e in entropies]  # logged only
         refs: list[torch.Tensor | None] = [None] * len(chunk)
@@ -321,7 +366,9 @@ def train_step(
         if lcfg.m2po_tau > 0:
             keeps = list(m2po_keeps(proxs, behavs, [mb.loss_mask.to(device) for mb in chunk], lcfg.m2po_tau))
         losses = []
-        for mb, logp, ent, ref, behav, prox, keep in zip(chunk, logps, entropies, refs, behavs, proxs, keeps):
+        for mb, logp, ent, ref, behav, prox, keep, v in zip(
+            chunk, logps, entropies, refs, behavs, proxs, keeps, values
+        ):
             loss, stats = policy_loss(
                 logp,
                 prox,
@@ -342,6 +389,8 @@ def train_step(
                 entropy=ent,
                 entropy_coef=lcfg.entropy_coef,
             )
+            if v is not None:
+                loss = loss + value_coef * _value_term(v, mb, value_clip, value_normaliser, device, stats)
             losses.append(loss)
             n = mb.num_tokens
             total_loss += float(loss.detach())

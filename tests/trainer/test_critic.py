@@ -185,3 +185,57 @@ def test_critic_section_is_a_strategy_and_says_what_it_needs():
         with pytest.raises(ConfigError, match=r"would be ignored; leave them out with the critic"):
             load_config(None, ["trainer.critic.lam=0.9", *other])
     assert load_config(None, ["trainer.critic.lam=0.9", "trainer.overlong.mask_truncated=true"]).trainer.critic
+    with pytest.raises(ConfigError, match=r"value_coef 0.5 shares the policy's body, but trainer.critic.model"):
+        load_config(None, ["trainer.critic.value_coef=0.5", "trainer.critic.model=some/small-model"])
+
+
+def _prepared(tiny, critic) -> list:
+    groups = pack(SAMPLES, 1000, pad_id=0)
+    estimate_values(critic, tiny, groups, CPU, 1000)
+    for g in groups:
+        g.value_targets = torch.where(g.loss_mask, 1.5, 0.0)
+    return groups
+
+
+def test_joint_step_trains_head_and_body_on_the_value_loss(tiny):
+    # value_coef 1: the head's gradient from the policy's step equals a value step's on the same batch
+    # (the head's gradient does not depend on whether the body is detached); the body's gradient gains
+    # the value loss's, so it differs from the policy step without a head.
+    from trainer.config import TrainerConfig
+    from trainer.step import train_step
+
+    cfg = TrainerConfig()
+    model = copy.deepcopy(tiny)
+    joint = _critic(tiny)
+    head = copy.deepcopy(joint.head)
+    alone = Critic(head, torch.optim.SGD(head.parameters(), lr=0.0))
+    groups = _prepared(tiny, joint)
+    still = torch.optim.SGD(model.parameters(), lr=0.0)
+    result = train_step(model, still, groups, cfg, CPU, 0, value_head=joint.head, value_coef=1.0, value_clip=0.2)
+    with_value = [p.grad.clone() for p in model.parameters()]
+    critic_step(alone, tiny, groups, CPU, value_clip=0.2, tokens_per_microbatch=1000)
+    for p, q in zip(joint.head.parameters(), alone.head.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-5)
+    assert result.stats["value_loss"] > 0
+    train_step(model, still, groups, cfg, CPU, 0)
+    assert any(not torch.allclose(p.grad, g) for p, g in zip(model.parameters(), with_value))
+
+
+def test_joint_steps_bring_the_value_loss_down(tiny):
+    from trainer.config import TrainerConfig
+    from trainer.critic import step_head
+    from trainer.step import train_step
+
+    cfg = TrainerConfig()
+    model = copy.deepcopy(tiny)
+    joint = _critic(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(8):
+        groups = _prepared(model, joint)
+        result = train_step(
+            model, optimizer, groups, cfg, CPU, 0, value_head=joint.head, value_coef=1.0, value_clip=0.2
+        )
+        step_head(joint)
+        losses.append(result.stats["value_loss"])
+    assert losses[-1] < 0.25 * losses[0], losses

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 import torch
 
 from proxy.config import load_config
@@ -23,7 +24,8 @@ def lone_sessions(proxy, rewards: list[float]) -> None:
         assert proxy.post(f"/sessions/{session['session_id']}/finish", json={"reward": reward}).status_code == 200
 
 
-def test_a_critic_run_trains_checkpoints_and_resumes(tmp_path):
+@pytest.mark.parametrize("value_coef", [0.0, 0.5])  # the head alone on the detached body; trained with it
+def test_a_critic_run_trains_checkpoints_and_resumes(tmp_path, value_coef):
     db_url = f"sqlite:///{tmp_path}/areal.db"
     with run_server(tmp_path, db_url) as proxy:
         lone_sessions(proxy, [1.0, 0.0, 1.0, 0.0])  # no group to take a baseline from
@@ -37,6 +39,7 @@ def test_a_critic_run_trains_checkpoints_and_resumes(tmp_path):
             "trainer.checkpoint.every=1",
             "trainer.max_staleness=10",
             "trainer.critic.lr=0.01",
+            f"trainer.critic.value_coef={value_coef}",
             "rollout.group_size=1",
         ]
         assert loop.Trainer(load_config(None, [*overrides, "trainer.max_steps=1"])).run() == 0

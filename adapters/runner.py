@@ -19,9 +19,11 @@ and its group id, so a run's rollouts are reproducible.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -277,11 +279,14 @@ class EpisodeRunner:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group: a timeout kills what it started too
         )
         try:
             _, err = await proc.communicate()
         except asyncio.CancelledError:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the shell and its children, which hold its pipes
+            await proc.wait()  # reaped on this loop, before it closes
             raise
         if proc.returncode != 0:
             raise RuntimeError(f"agent command exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")

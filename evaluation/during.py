@@ -20,6 +20,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,8 @@ class PeriodicEval:
         self.last_version: int | None = None
         self._thread: threading.Thread | None = None
         self._done: Finished | None = None
+        self._cancel: Callable[[], None] | None = None  # stops the running evaluation, from any thread
+        self._cancelled = threading.Event()
         self.best = self._read_best()
 
     # -- when -------------------------------------------------------------------------
@@ -83,19 +86,28 @@ class PeriodicEval:
             # hard links: later pruning of the step's checkpoint leaves the candidate whole
             shutil.copytree(checkpoint, candidate, copy_function=_link_or_copy)
         name = new_run_name(f"step{step}")
+        self._cancelled.clear()
         self._thread = threading.Thread(
             target=self._run, args=(step, version, name), name=f"eval-step{step}", daemon=True
         )
         self._thread.start()
 
     def _run(self, step: int, version: int, name: str) -> None:
+        async def run() -> dict[str, Any]:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            self._cancel = lambda: loop.call_soon_threadsafe(stop.set)
+            if self._cancelled.is_set():  # cancelled before this thread got here
+                stop.set()
+            meta = {"step": step, "version": version}
+            return await evaluate(self.cfg, self.url, self.db, name, tasks=self.tasks, metadata=meta, stop=stop)
+
         try:
-            report = asyncio.run(
-                evaluate(
-                    self.cfg, self.url, self.db, name, tasks=self.tasks, metadata={"step": step, "version": version}
-                )
-            )
-            self._done = Finished(step, version, report)
+            report = asyncio.run(run())
+            if report.get("stopped"):
+                self._done = Finished(step, version, None, "stopped: the trainer stopped during the evaluation")
+            else:
+                self._done = Finished(step, version, report)
         except Exception as exc:  # an evaluation that fails is reported; training goes on
             log.exception("evaluation of step %d failed", step)
             self._done = Finished(step, version, None, f"{type(exc).__name__}: {exc}")
@@ -108,6 +120,7 @@ class PeriodicEval:
             return None
         self._thread.join()
         self._thread = None
+        self._cancel = None
         done, self._done = self._done, None
         if done is not None and done.report is not None:
             self._keep_if_best(done)
@@ -122,7 +135,18 @@ class PeriodicEval:
             values["eval_best_step"] = self.best["step"]
         return values
 
-    def close(self) -> None:
+    def cancel(self) -> None:
+        """End the running evaluation now: its open episodes fail as stopped and it reports no score."""
+        if self._thread is None:
+            return
+        self._cancelled.set()
+        if self._cancel is not None:
+            self._cancel()
+
+    def close(self, *, cancel: bool = False) -> None:
+        """Wait for a running evaluation, or with `cancel` end it now (the trainer is stopping)."""
+        if cancel:
+            self.cancel()
         self.collect(wait=True)
         shutil.rmtree(self.checkpoints / CANDIDATE, ignore_errors=True)
         self.db.close()

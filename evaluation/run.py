@@ -10,6 +10,7 @@ evaluations, of two checkpoints or of two steps of a run, sample every task from
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable
@@ -114,13 +115,16 @@ async def evaluate(
     tasks: list[dict[str, Any]] | None = None,
     metadata: dict[str, Any] | None = None,
     agent: Callable[..., Any] | str | None = None,
+    stop: asyncio.Event | None = None,
 ) -> dict[str, Any]:
-    """Run evaluation `run` through the proxy at `proxy_url`, then report it from the store `db`."""
+    """Run evaluation `run` through the proxy at `proxy_url`, then report it from the store `db`. Setting
+    `stop` ends it early: its open episodes fail as stopped, and the report says so (`stopped`)."""
     tasks = eval_tasks(cfg) if tasks is None else tasks
     started = time.time()
     runner = EvalRunner(cfg, proxy_url, tasks, run, admin_key=cfg.proxy.admin_key, metadata=metadata, agent=agent)
-    await runner.run()
+    await runner.run(stop)
     episodes = await db.aread(lambda c: eval_episodes(c, run))
     report = build_report(episodes, tasks, cfg.eval, run=run, metadata=metadata)
     report["seconds"] = round(time.time() - started, 3)
+    report["stopped"] = bool(stop is not None and stop.is_set())
     return report

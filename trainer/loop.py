@@ -236,7 +236,7 @@ class Trainer:
             if self.evals is not None:
                 if finished and not self.stopping and self.optimizer is not None:
                     self._final_eval(saved)
-                self.evals.close()
+                self.evals.close(cancel=not finished or self.stopping)
             if finished:
                 self._tell("stop")
             self.metrics.close()

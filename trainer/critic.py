@@ -2,8 +2,10 @@
 
 The value head is one linear layer from a decoder's last hidden state to a scalar, V_t read at the
 position that predicts token t (the state before t is sampled, where the policy's logprob is read too).
-Its decoder is the policy's own (`body=None`: the hidden states are detached, so the value loss trains
-the head alone and leaves the policy untouched) or a separate model trained with it. Before the PPO
+Its decoder is the policy's own (`body=None`: here the hidden states are detached, so `critic_step` trains
+the head alone and leaves the policy untouched; with `[trainer.critic] value_coef` the policy's
+`train_step` adds the value loss to its own instead, and `step_head` steps the head) or a separate model
+trained with it. Before the PPO
 passes, `estimate_values` stores V_old on each group; `assign_gae` turns those into per-token advantages
 and value targets over the batch's conversation trees (`trainer/gae.py`, individual samples: each row is
 one completion, linked to its parent by id); `critic_step` then takes one optimizer step on the clipped

@@ -2,7 +2,7 @@
 and no modules import each other in a circle (imports inside functions count too).
 
 Lowest first: configuration; the store and the model runtime; rendering, engines, wire schemas
-and reward scoring; the services a request uses; routes, servers, the trainer and the adapters;
+and reward scoring; the services a request uses; routes, servers, the trainer, the adapters and evaluation;
 launchers and the command line. A module this table does not place fails the test, so a new
 module is given its layer when it is added.
 """
@@ -14,12 +14,13 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-PACKAGES = ("proxy", "trainer", "rewards", "adapters")
+PACKAGES = ("proxy", "trainer", "rewards", "adapters", "evaluation")
 
 LAYERS: list[tuple[str, ...]] = [
     (  # 0: configuration and what every layer shares
         "proxy.sections", "proxy.config", "proxy.engines.config", "proxy.store.config", "rewards.config",
-        "adapters.config", "trainer.config", "trainer.launch.config", "proxy.errors", "proxy.seeds", "proxy.metrics",
+        "adapters.config", "trainer.config", "trainer.launch.config", "evaluation.config", "proxy.errors",
+        "proxy.seeds", "proxy.metrics",
     ),
     ("proxy.store", "proxy.runtime"),  # 1: the only SQL; devices, model files, attention
     (  # 2: pure parts: rendering, reply parsers, engines, wire schemas, reward scoring
@@ -28,10 +29,12 @@ LAYERS: list[tuple[str, ...]] = [
         "proxy.tree_view", "rewards",
     ),
     ("proxy.sessions", "proxy.completions", "proxy.rewards_service", "proxy.admission"),  # 3: services
-    (  # 4: HTTP (the web UI included), trainer, adapters
-        "proxy.state", "proxy.app", "proxy.routes", "proxy.ui", "proxy.servers", "trainer", "adapters",
+    (  # 4: HTTP (the web UI included), trainer, adapters, evaluation
+        "proxy.state", "proxy.app", "proxy.routes", "proxy.ui", "proxy.servers", "trainer", "adapters", "evaluation",
     ),
-    ("trainer.launch", "proxy.cli", "proxy.serve", "proxy.sessions_cli", "proxy.config_doc"),  # 5: wiring
+    (  # 5: wiring
+        "trainer.launch", "proxy.cli", "proxy.serve", "proxy.sessions_cli", "proxy.config_doc", "evaluation.cli",
+    ),
 ]  # fmt: skip
 
 

@@ -13,21 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-def tree_returns(
-    nodes: Iterable[tuple[str, str | None, float | None]], gamma: float, agg: str = "mean"
-) -> dict[str, float]:
-    """Returns for (id, parent_id, raw_reward) nodes; parents outside the set are roots."""
-    if agg not in ("mean", "max"):
-        raise ValueError(f"aggregate must be 'mean' or 'max', not {agg!r}")
-    nodes = list(nodes)
-    rewards = {node_id: reward or 0.0 for node_id, _, reward in nodes}
-    children: dict[str, list[str]] = {node_id: [] for node_id in rewards}
-    for node_id, parent_id, _ in nodes:
+def children_first(parents: dict[str, str | None]) -> tuple[list[str], dict[str, list[str]]]:
+    """The nodes of a forest given as {id: parent_id}, each after all of its children, and each node's
+    children (in the order given); a parent outside the set makes its node a root. Iterative: a deep
+    agent episode must not hit the recursion limit."""
+    children: dict[str, list[str]] = {node_id: [] for node_id in parents}
+    for node_id, parent_id in parents.items():
         if parent_id in children:
             children[parent_id].append(node_id)
-    returns: dict[str, float] = {}
-    # Iterative post-order: a deep agent episode must not hit the recursion limit.
-    for root in [n for n, p, _ in nodes if p not in children]:
+    order: list[str] = []
+    for root in [n for n, p in parents.items() if p not in children]:
         stack = [(root, False)]
         while stack:
             node_id, expanded = stack.pop()
@@ -36,10 +31,26 @@ def tree_returns(
                 stack.append((node_id, True))
                 stack.extend((k, False) for k in kids)
                 continue
-            if not kids:
-                returns[node_id] = rewards[node_id]
-            else:
-                values = [returns[k] for k in kids]
-                pooled = sum(values) / len(values) if agg == "mean" else max(values)
-                returns[node_id] = rewards[node_id] + gamma * pooled
+            order.append(node_id)
+    return order, children
+
+
+def tree_returns(
+    nodes: Iterable[tuple[str, str | None, float | None]], gamma: float, agg: str = "mean"
+) -> dict[str, float]:
+    """Returns for (id, parent_id, raw_reward) nodes; parents outside the set are roots."""
+    if agg not in ("mean", "max"):
+        raise ValueError(f"aggregate must be 'mean' or 'max', not {agg!r}")
+    nodes = list(nodes)
+    rewards = {node_id: reward or 0.0 for node_id, _, reward in nodes}
+    order, children = children_first({node_id: parent_id for node_id, parent_id, _ in nodes})
+    returns: dict[str, float] = {}
+    for node_id in order:
+        kids = children[node_id]
+        if not kids:
+            returns[node_id] = rewards[node_id]
+        else:
+            values = [returns[k] for k in kids]
+            pooled = sum(values) / len(values) if agg == "mean" else max(values)
+            returns[node_id] = rewards[node_id] + gamma * pooled
     return returns

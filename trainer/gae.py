@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rewards.returns import children_first
+
 
 @dataclass(frozen=True)
 class Turn:
@@ -66,26 +68,14 @@ def tree_gae(turns: dict[str, Turn], gamma: float, lam: float, agg: str = "mean"
     """Per-token advantages and value targets of every turn of a tree; parents outside `turns` are roots."""
     if agg not in ("mean", "max"):
         raise ValueError(f"aggregate must be 'mean' or 'max', not {agg!r}")
-    children: dict[str, list[str]] = {turn_id: [] for turn_id in turns}
-    for turn_id, turn in turns.items():
-        if turn.parent_id in children:
-            children[turn.parent_id].append(turn_id)
+    order, children = children_first({turn_id: turn.parent_id for turn_id, turn in turns.items()})
     out: dict[str, TurnGAE] = {}
     entries: dict[str, tuple[float, float]] = {}
-    # Iterative post-order: a deep agent episode must not hit the recursion limit.
-    for root in [t for t, turn in turns.items() if turn.parent_id not in children]:
-        stack = [(root, False)]
-        while stack:
-            turn_id, expanded = stack.pop()
-            kids = children[turn_id]
-            if not expanded and kids:
-                stack.append((turn_id, True))
-                stack.extend((k, False) for k in kids)
-                continue
-            boot_v, boot_a = _pool([entries[k] for k in kids], agg)
-            turn = turns[turn_id]
-            out[turn_id] = _turn_gae(turn, boot_v, boot_a, gamma, lam)
-            entries[turn_id] = _entry(turn, out[turn_id], boot_v, boot_a)
+    for turn_id in order:
+        boot_v, boot_a = _pool([entries[k] for k in children[turn_id]], agg)
+        turn = turns[turn_id]
+        out[turn_id] = _turn_gae(turn, boot_v, boot_a, gamma, lam)
+        entries[turn_id] = _entry(turn, out[turn_id], boot_v, boot_a)
     return out
 
 

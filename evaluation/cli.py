@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from proxy.config import ADMIN_KEY_ENV, Config, public_config
 
 
-def resolve_model(cfg: Config, model: str) -> str:
+def model_to_serve(cfg: Config, model: str) -> str:
     """`best` and `latest` name the run's checkpoints; anything else is a model id or path."""
     from trainer import checkpoint
 
@@ -38,10 +39,20 @@ def resolve_model(cfg: Config, model: str) -> str:
     return model
 
 
-def _serve_and_evaluate(cfg: Config, model: str, name: str, workdir: Path) -> dict[str, Any]:
-    """Start a proxy serving `model` over the config's store, evaluate through it, stop it."""
+def _through(cfg: Config, url: str, name: str, metadata: dict[str, Any]) -> dict[str, Any]:
+    """Evaluation `name` through the proxy at `url`, reported from the config's store."""
     from evaluation.run import evaluate
     from proxy.store.db import Database
+
+    db = Database(cfg.store)
+    try:
+        return asyncio.run(evaluate(cfg, url, db, name, metadata=metadata))
+    finally:
+        db.close()
+
+
+def _serve_and_evaluate(cfg: Config, model: str, name: str, workdir: Path) -> dict[str, Any]:
+    """Start a proxy serving `model` over the config's store, evaluate through it, stop it."""
     from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy, write_private
     from trainer.loop import proxy_url
 
@@ -55,21 +66,13 @@ def _serve_and_evaluate(cfg: Config, model: str, name: str, workdir: Path) -> di
     write_private(config_file, json.dumps(public_config(served), indent=2))
     env = {ADMIN_KEY_ENV: cfg.proxy.admin_key} if cfg.proxy.admin_key else {}
     log_path = workdir / f"{name}.proxy.log"
-    proc = start_process([_python(), "-m", "proxy.cli", "serve", "--config", str(config_file)], log_path, env=env)
-    db = Database(cfg.store)
+    proc = start_process([sys.executable, "-m", "proxy.cli", "serve", "--config", str(config_file)], log_path, env=env)
     try:
         url = proxy_url(served)
         wait_healthy(url, proc, timeout=900, log_path=log_path)
-        return asyncio.run(evaluate(served, url, db, name, metadata={"model": model}))
+        return _through(served, url, name, {"model": model})
     finally:
         stop_process(proc)
-        db.close()
-
-
-def _python() -> str:
-    import sys
-
-    return sys.executable
 
 
 def run_eval(
@@ -83,25 +86,19 @@ def run_eval(
 ) -> tuple[dict[str, Any], Path]:
     """Evaluate (and compare); the JSON written and where."""
     from evaluation.report import compare as paired
-    from evaluation.run import evaluate, new_run_name
+    from evaluation.run import new_run_name
 
     if url and compare:
         raise ValueError("--compare starts a proxy for each model: leave out --url")
-    first = resolve_model(cfg, model or cfg.engine.model)
+    first = model_to_serve(cfg, model or cfg.engine.model)
     runs: list[tuple[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="areal-eval-") as tmp:
         workdir = Path(tmp)
-        for i, m in enumerate([first] + ([resolve_model(cfg, compare)] if compare else [])):
+        for i, m in enumerate([first] + ([model_to_serve(cfg, compare)] if compare else [])):
             # unique even when --name repeats: a run's sessions are found by its name
             label = new_run_name(f"{name or 'eval'}-{'ab'[i]}" if compare else name or "eval")
             if url:
-                from proxy.store.db import Database
-
-                db = Database(cfg.store)
-                try:
-                    report = asyncio.run(evaluate(cfg, url.rstrip("/"), db, label, metadata={"model": m, "url": url}))
-                finally:
-                    db.close()
+                report = _through(cfg, url.rstrip("/"), label, {"model": m, "url": url})
             else:
                 report = _serve_and_evaluate(cfg, m, label, workdir)
             runs.append((m, report))

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from adapters.config import RolloutConfig
-from adapters.groups import Group
 from adapters.runner import EpisodeRunner
+from adapters.strategies import DatasetOrder
 from adapters.tasks import load_tasks
 from evaluation.report import build_report
 from proxy.config import Config
@@ -43,27 +43,16 @@ def eval_tasks(cfg: Config) -> list[dict[str, Any]]:
     return tasks[: e.max_tasks] if e.max_tasks else tasks
 
 
-class _InOrder:
+class _InOrder(DatasetOrder):
     """Every task once, in dataset order; a task's group is named by the evaluation and its id."""
 
     def __init__(self, tasks: list[dict[str, Any]], run: str) -> None:
-        self.tasks, self.run = tasks, run
+        super().__init__(tasks, seed=0)
+        self.run = run
 
     def next(self, started: int) -> tuple[dict[str, Any], str, str | None]:
         task = self.tasks[started]
         return task, eval_group_id(self.run, str(task["id"])), None
-
-    def started(self, kind: str | None) -> None:
-        pass
-
-    def ended(self, group: Group) -> None:
-        pass
-
-    def state(self) -> dict[str, Any]:
-        return {}
-
-    def rows(self) -> list[tuple[str, str]]:
-        return []
 
 
 class EvalRunner(EpisodeRunner):

@@ -22,7 +22,7 @@ from proxy.schemas.control import CreateSession, Fail, Finish, SessionList, SetR
 from proxy.sessions import hash_key
 from proxy.store.sessions import count_sessions, recent_sessions
 from proxy.store.tree import session_rows
-from proxy.tree_view import session_payload
+from proxy.tree_view import session_payload, session_summary
 
 router = APIRouter(route_class=JsonRoute)
 
@@ -96,28 +96,9 @@ async def list_sessions(query: Annotated[SessionList, Query()], _: Admin, state:
     def read(conn: Any) -> dict[str, Any]:
         rows = recent_sessions(conn, query.status, query.limit, query.offset, evaluation=query.eval)
         total = count_sessions(conn, query.status, evaluation=query.eval)
-        return {"object": "list", "total": total, "data": [_session_summary(r) for r in rows]}
+        return {"object": "list", "total": total, "data": [session_summary(r) for r in rows]}
 
     return json_response(await state.db.aread(read))
-
-
-def _session_summary(r: Any) -> dict[str, Any]:
-    return {
-        "session_id": r.id,
-        "status": r.status,
-        "task_id": r.task_id,
-        "group_id": r.group_id,
-        "auto": r.auto,
-        "eval": r.eval,
-        "temperature": r.temperature,
-        "reward": r.reward,
-        "failure": r.failure,
-        "num_completions": r.num_completions,
-        "created_at": r.created_at,
-        "finished_at": r.finished_at,
-        "min_version": r.min_version,
-        "max_version": r.max_version,
-    }
 
 
 @router.get("/sessions/{session_id}")
@@ -131,7 +112,7 @@ async def get_session(session_id: str, caller: CallerDep, sessions: Sessions, st
             raise forbidden("this key cannot read that session")
         own_key = True
     session, rows = await state.db.aread(lambda c: session_rows(c, session_id))
-    payload = {**_session_summary(session), **session_payload(session, rows)}
+    payload = {**session_summary(session), **session_payload(session, rows)}
     if own_key:
         for name in ADMIN_ONLY:
             payload.pop(name, None)

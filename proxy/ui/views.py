@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.store.claims import DROPPED_STALE, SKIPPED_ZERO_VARIANCE
-from proxy.store.tokens import unpack_floats, unpack_ints
+from proxy.store.tokens import unpack_ints
 from proxy.store.tree import full_prompts, starts_segment
+from proxy.tree_view import node_fields, session_summary
 from proxy.ui.advantages import SessionAdvantage
 from proxy.ui.tokens import Decode, text_split, token_pieces
 
@@ -38,26 +39,14 @@ def fate(row: Any) -> str:
 
 
 def summary(row: Any) -> dict[str, Any]:
-    """One session as a list row shows it (`proxy.store.browse.SUMMARY_COLUMNS`)."""
+    """One session as a list row shows it (`proxy.store.browse.SUMMARY_COLUMNS`): the API's summary, its
+    fate and the steps that claimed and consumed it."""
     return {
-        "session_id": row.id,
-        "status": row.status,
+        **session_summary(row),
         "fate": fate(row),
-        "task_id": row.task_id,
-        "group_id": row.group_id,
-        "auto": row.auto,
-        "eval": row.eval,
-        "reward": row.reward,
-        "failure": row.failure,
-        "num_completions": row.num_completions,
-        "min_version": row.min_version,
-        "max_version": row.max_version,
-        "created_at": row.created_at,
-        "finished_at": row.finished_at,
         "updated_at": row.updated_at,
         "claimed_step": row.claimed_step,
         "consumed_step": row.consumed_step,
-        "temperature": row.temperature,
     }
 
 
@@ -77,32 +66,15 @@ def session_view(session: Any, rows: list[Any], decode: Decode | None) -> dict[s
 
 
 def _node(r: Any, decode: Decode | None) -> dict[str, Any]:
-    output_ids = unpack_ints(r.output_ids)
+    fields = node_fields(r)
     request = r.request or {}
     return {
-        "id": r.id,
-        "parent_id": r.parent_id,
-        "depth": r.depth,
-        "api": r.api,
-        "response_id": r.response_id,
-        "choice_index": r.choice_index,
-        "created_at": r.created_at,
+        **fields,
         "new_messages": request.get("messages") or [],
-        **({"prompt": request["prompt"]} if "prompt" in request else {}),
         "tools": [_tool_name(t) for t in request.get("tools") or []],
-        "sampling": request.get("sampling") or {},
-        "response": r.response,
-        "finish_reason": r.finish_reason,
         "prompt_len": r.prompt_len,
         "new_prompt_tokens": len(r.prompt_ids or b"") // 4,
-        "segment_start": r.parent_id is not None and starts_segment(r),
-        "output_ids": output_ids,
-        "output_pieces": token_pieces(decode, output_ids) if decode is not None else None,
-        "output_logprobs": unpack_floats(r.output_logprobs),
-        "output_versions": unpack_ints(r.output_versions),
-        "temperature": r.temperature,
-        "reward": r.reward,
-        "return": r.ret,
+        "output_pieces": token_pieces(decode, fields["output_ids"]) if decode is not None else None,
     }
 
 

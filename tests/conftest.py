@@ -195,6 +195,21 @@ def proxy(request: pytest.FixtureRequest) -> Server:
     return request.getfixturevalue(f"{'sqlite' if request.param == 'sqlite' else 'pg'}_proxy")
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """An empty store at the current schema, once on SQLite and once in a fresh PostgreSQL database."""
+    from proxy.store.config import StoreConfig
+    from proxy.store.db import Database
+
+    with contextlib.ExitStack() as stack:
+        url = (
+            f"sqlite:///{tmp_path}/store.db" if request.param == "sqlite" else stack.enter_context(fresh_pg_database())
+        )
+        database = Database(StoreConfig(url=url))
+        yield database
+        database.close()
+
+
 @pytest.fixture(scope="session")
 def gsm8k_dir() -> Path:
     candidates = [os.environ.get("AREAL_GSM8K_DIR"), REPO.parent / "shared/data/gsm8k", Path("/work/shared/data/gsm8k")]

@@ -17,25 +17,9 @@ from proxy.store.browse import (
     sessions_page,
     status_counts,
 )
-from proxy.store.config import StoreConfig
-from proxy.store.db import Database
 from proxy.store.sessions import insert_sessions
-from tests.conftest import fresh_pg_database
 
 STATUSES = ["open", "finished", "training", "consumed", "failed"]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request, tmp_path):
-    if request.param == "sqlite":
-        database = Database(StoreConfig(url=f"sqlite:///{tmp_path}/store.db"))
-        yield database
-        database.close()
-    else:
-        with fresh_pg_database() as url:
-            database = Database(StoreConfig(url=url))
-            yield database
-            database.close()
 
 
 def make_rows(n: int = 40) -> list[dict]:

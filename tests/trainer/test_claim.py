@@ -7,8 +7,6 @@ import itertools
 import threading
 import time
 
-import pytest
-
 from proxy.store.claims import (
     DROPPED_STALE,
     claim_batch,
@@ -18,24 +16,8 @@ from proxy.store.claims import (
     settle_through,
     trained_count,
 )
-from proxy.store.config import StoreConfig
 from proxy.store.db import Database
 from proxy.store.schema import sessions
-from tests.conftest import fresh_pg_database
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request, tmp_path):
-    if request.param == "sqlite":
-        database = Database(StoreConfig(url=f"sqlite:///{tmp_path}/claim.db"))
-        yield database
-        database.close()
-    else:
-        with fresh_pg_database() as url:
-            database = Database(StoreConfig(url=url))
-            yield database
-            database.close()
-
 
 # Sessions finish in the order they are added, 1 ms apart, whatever the machine's speed:
 # `now + i * 1e-3` per call let a later call's first row sort before an earlier call's last.

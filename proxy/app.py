@@ -34,12 +34,16 @@ log = logging.getLogger("areal_proxy")
 
 
 async def _sweep_sessions(state: AppState) -> None:
-    """Close sessions idle past `[proxy] session_timeout_s` as failed."""
+    """Close sessions idle past `[proxy] session_timeout_s` as failed (online, automatic episodes are
+    the online sweeper's to end)."""
     timeout = state.cfg.proxy.session_timeout_s
+    named_only = state.cfg.online.enabled
     while True:
         await asyncio.sleep(min(30.0, max(1.0, timeout / 4)))
         try:
-            expired = await state.db.write(lambda c: expire_open_sessions(c, timeout, time.time()))
+            expired = await state.db.write(
+                lambda c: expire_open_sessions(c, timeout, time.time(), named_only=named_only)
+            )
         except StoreUnavailable as exc:  # the store is out: one line a round, not a traceback
             log.warning("session sweep skipped: %s", exc)
             continue
@@ -63,6 +67,10 @@ def create_app(cfg: Config) -> FastAPI:
         from proxy.rewards_service import RewardService
 
         state.rewards = RewardService(state.db, state.sessions, cfg.rewards, state.metrics)
+        from proxy.online import OnlineEpisodes
+
+        state.online = OnlineEpisodes(state.db, state.sessions, state.rewards, cfg.online, state.metrics)
+        online = asyncio.create_task(state.online.run()) if cfg.online.enabled else None
         if cfg.proxy.admission:
             from proxy.admission import Admission
 
@@ -73,6 +81,8 @@ def create_app(cfg: Config) -> FastAPI:
             yield
         finally:
             sweeper.cancel()
+            if online is not None:
+                online.cancel()
             loader.cancel()
             with contextlib.suppress(Exception):
                 await state.engine.stop()

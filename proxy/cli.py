@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--address", help="Ray cluster address for --launcher ray (auto, ray://host:port)")
     train.add_argument("--db", help="store URL ([store] url)")
     train.add_argument("--device", choices=DEVICES, help="device for engine and trainer")
+    train.add_argument(
+        "--online",
+        action="store_true",
+        help="online RL: proxy + trainer, no runner; live traffic trains once rewarded ([online])",
+    )
 
     engine = sub.add_parser("engine", help="serve the embedded engine over SGLang's native protocol")
     _common(engine)
@@ -259,12 +264,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg.trainer.device = args.device
     _setup_logging(cfg.proxy.log_level)
     if args.launcher == "ray":
+        if args.online:
+            raise SystemExit("train --online runs with --launcher local (the proxy and trainer on this machine)")
         from trainer.launch.ray import launch
 
         return launch(cfg, path, args.address)
     from trainer.launch.local import launch
 
-    return launch(cfg, path)
+    return launch(cfg, path, online=args.online)
 
 
 COMMANDS = {

@@ -18,6 +18,7 @@ from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
@@ -41,9 +42,13 @@ from proxy.reply import Reply, ReplyBuilder
 from proxy.seeds import derive_seed
 from proxy.sessions import Caller, SessionInfo, SessionService, new_session_id
 from proxy.store.db import Database, StoreUnavailable
+from proxy.store.online import episode_key_hash, join_episode, supersede_resends
 from proxy.store.tokens import pack_floats, pack_ints
 from proxy.store.tree import Node, NodeCache, find_parent
 from proxy.store.turns import record_turn, turn_recorded
+
+if TYPE_CHECKING:
+    from proxy.config import OnlineConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +72,7 @@ class Turn:
     created: int = field(default_factory=lambda: int(time.time()))
     segment: bool = False  # linked to `parent`, but its prompt ids are whole (proxy.store.tree.starts_segment)
     raw_prompt: str | list[int] | None = None  # a legacy Completions prompt as given (its messages are [])
+    episode_key: str | None = None  # starts the automatic session of an X-Areal-Episode header (its key hash)
 
 
 @dataclass
@@ -101,6 +107,7 @@ class CompletionService:
         sessions_: SessionService,
         default_max_tokens: int,
         call_grammars: bool = True,
+        online: OnlineConfig | None = None,
     ) -> None:
         self.engine = engine
         self.call_grammars = call_grammars and getattr(engine, "call_grammars", False)
@@ -110,13 +117,30 @@ class CompletionService:
         self.default_max_tokens = default_max_tokens
         self.nodes = NodeCache()
         self.eos_ids = set(engine.info.eos_token_ids)
+        self.online = online if online is not None and online.enabled else None
+
+    async def _open(self, session_id: str) -> bool:
+        try:
+            return (await self.sessions.get(session_id)).status == "open"
+        except APIError:  # gone from the store: nothing to continue
+            return False
 
     # -- prepare --------------------------------------------------------------------
     async def prepare(self, caller: Caller, request: ChatRequest, api: str, id_prefix: str) -> Turn:
         session: SessionInfo | None = await self.sessions.for_model_call(caller)
+        episode_key = episode_key_hash(caller.episode) if session is None and caller.episode else None
+        if episode_key is not None:
+            session = await self.sessions.episode(episode_key)  # None: the episode starts with this call
         hashes = prefix_hashes(request.messages)
         candidates = parent_candidates(request.messages, hashes)
-        parent = await find_parent(self.db, self.nodes, candidates, session.id if session else None, self.eos_ids)
+        if episode_key is not None and session is None:
+            parent = None  # a new episode is a new tree, even when it goes on from an older conversation
+        else:
+            parent = await find_parent(self.db, self.nodes, candidates, session.id if session else None, self.eos_ids)
+        if parent is not None and parent.auto and self.online is not None and not await self._open(parent.session_id):
+            # Online, an automatic episode that ended (idle, rewarded or dropped) takes no more turns: the
+            # conversation goes on as the root of a new episode, its prompt rendered whole.
+            parent = None
         parent_tokens = None
         if parent is not None:
             parent_tokens = ParentTokens(
@@ -126,7 +150,9 @@ class CompletionService:
                 reasoning=parent.reasoning,
             )
         forced, call_grammar = self._required_call(request)
-        render = partial(self.renderer.prompt, request.messages, request.tools, parent_tokens, forced)
+        render = partial(
+            self.renderer.prompt, request.messages, request.tools, parent_tokens, forced, request.reasoning
+        )
         # Rendering and tokenizing a long conversation takes milliseconds per 10 KB: off the event
         # loop, which meanwhile streams every other client's tokens.
         prompt = await asyncio.to_thread(render) if request.text_size() > OFF_LOOP_CHARS else render()
@@ -145,6 +171,7 @@ class CompletionService:
             response_id=id_prefix + secrets.token_hex(12),
             session_id=session_id,
             new_auto_session=new_auto,
+            episode_key=episode_key if new_auto else None,
             parent=parent,
             prompt=prompt,
             segment=segment,
@@ -193,7 +220,7 @@ class CompletionService:
         parent): a client's token count. The caller is checked as for a model call; nothing is stored."""
         await self.sessions.for_model_call(caller)
         forced, _ = self._required_call(request)
-        render = partial(self.renderer.prompt, request.messages, request.tools, None, forced)
+        render = partial(self.renderer.prompt, request.messages, request.tools, None, forced, request.reasoning)
         prompt = await asyncio.to_thread(render) if request.text_size() > OFF_LOOP_CHARS else render()
         return len(prompt.ids)
 
@@ -220,7 +247,10 @@ class CompletionService:
                 f"the prompt is {prompt_len} tokens, which fills the model's context of "
                 f"{self.engine.info.max_context} tokens"
             )
-        if request.max_tokens is not None and request.max_tokens > room:
+        max_tokens = request.max_tokens
+        if max_tokens is not None and max_tokens > room and request.clamp_max_tokens:
+            max_tokens = room  # the reply ends at the context, finish reason length
+        elif max_tokens is not None and max_tokens > room:
             raise context_length(
                 f"max_tokens {request.max_tokens} + prompt {prompt_len} tokens exceeds the model's context "
                 f"of {self.engine.info.max_context} tokens"
@@ -231,7 +261,7 @@ class CompletionService:
             if error is not None:
                 raise invalid_request(f"the JSON schema is not supported: {error}", "response_format")
         return SamplingParams(
-            max_new_tokens=request.max_tokens or min(self.default_max_tokens, room),
+            max_new_tokens=max_tokens or min(self.default_max_tokens, room),
             temperature=request.temperature if session is None or session.temperature is None else session.temperature,
             top_p=request.top_p,
             top_k=request.top_k,
@@ -370,6 +400,7 @@ class CompletionService:
                     "finish_reason": r.reply.finish_reason,
                     "temperature": turn.params.temperature,
                     "created_at": now,
+                    "request_hash": turn.hashes[-1],
                 }
             )
             full = array("i", turn.prompt.ids)
@@ -390,9 +421,10 @@ class CompletionService:
                 )
             )
         span = (min(versions), max(versions)) if versions else None
+        resend_window = self.online.resend_window_s if self.online is not None else 0.0
         try:
             await self.db.write(
-                lambda conn: _insert_turn(conn, turn, rows, now, span),
+                lambda conn: _insert_turn(conn, turn, rows, now, span, resend_window),
                 recorded=lambda conn: turn_recorded(conn, turn.response_id),
             )
         except StoreUnavailable as exc:  # an APIError, so that a stream ends with an error event
@@ -401,6 +433,7 @@ class CompletionService:
             self.sessions.forget(turn.session_id)  # closed elsewhere (another replica): the cache was stale
             raise
         for chain_hash, node in nodes:
+            node.session_id = turn.session_id  # an episode another call started meanwhile: that session
             self.nodes.put(chain_hash, node)
 
 
@@ -418,10 +451,31 @@ def _choice_delta(index: int, piece: Delta | None, first_call: int, tokens: Stre
     )
 
 
-def _insert_turn(conn: Connection, turn: Turn, rows: list[dict], now: float, versions: tuple[int, int] | None) -> None:
+def _insert_turn(
+    conn: Connection, turn: Turn, rows: list[dict], now: float, versions: tuple[int, int] | None, resend_window: float
+) -> None:
+    new_auto = turn.new_auto_session
+    if turn.episode_key is not None:
+        # The first call of an episode header creates its session, unless a concurrent one (on any
+        # replica) did: then this turn joins that one.
+        turn.session_id = join_episode(conn, turn.session_id, turn.episode_key, now)
+        for row in rows:
+            row["session_id"] = turn.session_id
+        new_auto = False
+    if resend_window > 0:
+        # A client that timed out sent this request again: the answer it never got is superseded.
+        named = turn.session_id if (turn.parent is not None or not new_auto) else None
+        supersede_resends(
+            conn,
+            request_hash=turn.hashes[-1],
+            parent_id=turn.parent.id if turn.parent else None,
+            session_id=named,
+            since=now - resend_window,
+            by=rows[0]["id"],
+        )
     # A named session takes completions only while open, whichever replica closed it meanwhile;
     # raising rolls this turn's rows back.
-    if not record_turn(conn, turn.session_id, rows, now, versions, new_auto_session=turn.new_auto_session):
+    if not record_turn(conn, turn.session_id, rows, now, versions, new_auto_session=new_auto):
         raise conflict(f"session {turn.session_id} was closed while this call ran; its answer is not recorded")
 
 

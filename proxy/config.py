@@ -15,7 +15,7 @@ import logging
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -72,6 +72,13 @@ class ProxyConfig(Section):
     """Request bodies larger than this are refused with 413."""
     default_max_tokens: int = 1024
     """Completion length when a request sets no max_tokens (capped by the context length)."""
+    messages_max_tokens: Literal["clamp", "refuse"] = "clamp"
+    """A Messages API call whose max_tokens is more than the context leaves: `clamp` samples up to the
+    context (stop_reason max_tokens; Anthropic clients send a fixed maximum such as 32000), `refuse`
+    answers 400. Chat Completions and Responses calls always refuse."""
+    messages_max_tokens_cap: int = Field(default=0, ge=0)
+    """Longest reply a Messages API call samples whatever its max_tokens (stop_reason max_tokens);
+    0: no cap but the context. Claude Code asks for 32000 or more on every call."""
     max_n: int = 16
     """Largest `n` (choices per request) accepted."""
     session_timeout_s: float = 3600.0
@@ -102,6 +109,34 @@ class FrontConfig(Section):
     """Retry-After of the 503 sent when a replica fails under a request (clients retry elsewhere)."""
 
 
+class OnlineConfig(Section):
+    """Online RL: train on live traffic (`areal-proxy train --online`), with rewards that arrive later."""
+
+    enabled: bool = False
+    """End automatic episodes when idle and make them trainable once rewarded; `train --online` turns it on."""
+    idle_timeout_s: float = 300.0
+    """An automatic episode (a conversation root, or the calls of one `X-Areal-Episode` header) ends
+    after this long without a call or feedback; rewarded by then, it is finished and trainable."""
+    reward_deadline_s: float = 3600.0
+    """An ended episode with no feedback this long after its last activity is scored by
+    `default_reward_fn`, or dropped (failed, counted) without one."""
+    default_reward_fn: str = ""
+    """Registered reward function that scores episodes nobody gave feedback on by the deadline;
+    empty drops them."""
+    thumbs_up: float = 1.0
+    """Reward of a `thumbs: "up"` feedback."""
+    thumbs_down: float = 0.0
+    """Reward of a `thumbs: "down"` feedback."""
+    labels: dict[str, float] = Field(default_factory=dict)
+    """Rewards of named feedback labels (`{"label": "solved"}`), e.g. {solved = 1.0, wrong = 0.0}."""
+    resend_window_s: float = 600.0
+    """A request equal to an earlier one (same conversation, same parent, no continuation yet) made
+    within this many seconds is a client's resend: the earlier answer is superseded, recorded but never
+    trained. 0 turns detection off."""
+    sweep_interval_s: float = 5.0
+    """How often the proxy ends idle episodes and applies deadlines."""
+
+
 class Config(Section):
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
@@ -112,6 +147,7 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     front: FrontConfig = Field(default_factory=FrontConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    online: OnlineConfig = Field(default_factory=OnlineConfig)
 
     @model_validator(mode="after")
     def _check(self) -> Config:

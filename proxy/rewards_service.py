@@ -23,6 +23,7 @@ from proxy.metrics import Metrics
 from proxy.schemas.control import Finish
 from proxy.sessions import SessionService
 from proxy.store.db import Database
+from proxy.store.online import posted_rewards
 from proxy.store.sessions import close_session, get_session, touch_session
 from proxy.store.tree import full_messages, session_rows
 from proxy.store.turns import last_completion_id, set_rewards_and_returns, set_turn_reward, turn_rewards
@@ -111,6 +112,19 @@ class RewardService:
             view = await self.db.aread(lambda c: self._view(c, session_id, reference))
             result = await score(fn, view, self.cfg.timeout_s, self.slots, name=fn_name)
         outcome = await self.db.write(lambda c: self._apply(c, session_id, spec, result))
+        self.sessions.set_status(session_id, outcome["status"])
+        self.metrics.inc("areal_sessions_finished_total", status=outcome["status"])
+        return outcome
+
+    async def finish_with_feedback(self, session_id: str) -> dict[str, Any]:
+        """Finish an episode on the rewards posted on its turns (online feedback): its reward is their sum,
+        its returns the tree's over them."""
+
+        def op(conn: Connection) -> dict[str, Any]:
+            total = sum(posted_rewards(conn, session_id))
+            return self._apply(conn, session_id, {"feedback": True}, Score(total=total, per_completion={}))
+
+        outcome = await self.db.write(op)
         self.sessions.set_status(session_id, outcome["status"])
         self.metrics.inc("areal_sessions_finished_total", status=outcome["status"])
         return outcome

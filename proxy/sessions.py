@@ -25,6 +25,7 @@ from sqlalchemy import Connection
 from proxy.errors import APIError, conflict, forbidden, invalid_request, not_found, unauthorized
 from proxy.seeds import derive_seed
 from proxy.store.db import Database
+from proxy.store.online import open_episode
 from proxy.store.sessions import fail_idle_sessions, get_session, insert_sessions, session_by_key_hash
 
 
@@ -54,6 +55,7 @@ class Caller:
 
     token: str | None
     path_session: str | None
+    episode: str | None = None  # the X-Areal-Episode header: calls that share it share an automatic session
 
 
 def bearer(authorization: str | None, x_api_key: str | None = None) -> str | None:
@@ -69,6 +71,21 @@ def bearer(authorization: str | None, x_api_key: str | None = None) -> str | Non
     if token is not None and not (token.isascii() and token.isprintable()):
         raise unauthorized("invalid API key: keys are printable ASCII")
     return token
+
+
+MAX_EPISODE_HEADER = 256
+
+
+def episode_header(value: str | None) -> str | None:
+    """The client's episode name from `X-Areal-Episode`: up to 256 printable ASCII characters, else a 400."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    if len(value) > MAX_EPISODE_HEADER or not (value.isascii() and value.isprintable()):
+        raise invalid_request(
+            f"X-Areal-Episode must be 1 to {MAX_EPISODE_HEADER} printable ASCII characters", "X-Areal-Episode"
+        )
+    return value
 
 
 class RecentSessions:
@@ -168,6 +185,16 @@ class SessionService:
             self._remember(row)
             session_id = row.id
         return await self.get(session_id)
+
+    async def episode(self, key_hash: str) -> SessionInfo | None:
+        """The open automatic session of an `X-Areal-Episode` header (by its key hash), if any."""
+        session_id = self.recent.id_for_key(key_hash)
+        if session_id is not None:
+            info = self.recent.get(session_id)
+            if info is not None and info.status == "open":
+                return info
+        row = await self.db.aread(lambda c: open_episode(c, key_hash))
+        return None if row is None else self._remember(row)
 
     # -- lookup ---------------------------------------------------------------------
     async def get(self, session_id: str, *, fresh: bool = False) -> SessionInfo:
@@ -274,9 +301,11 @@ class SessionService:
         return out
 
 
-def expire_open_sessions(conn: Connection, timeout_s: float, now: float) -> list[str]:
-    """Close sessions idle past the timeout as failed; their completions are kept."""
-    return fail_idle_sessions(conn, now - timeout_s, f"timed out: no activity for {timeout_s:.0f}s", now)
+def expire_open_sessions(conn: Connection, timeout_s: float, now: float, *, named_only: bool = False) -> list[str]:
+    """Close sessions idle past the timeout as failed (only named ones with `named_only`); their
+    completions are kept."""
+    failure = f"timed out: no activity for {timeout_s:.0f}s"
+    return fail_idle_sessions(conn, now - timeout_s, failure, now, named_only=named_only)
 
 
 __all__ = ["APIError", "Caller", "SessionInfo", "SessionService", "bearer"]

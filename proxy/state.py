@@ -25,6 +25,7 @@ from proxy.store.db import Database
 if TYPE_CHECKING:
     from proxy.admission import Admission
     from proxy.completions import CompletionService
+    from proxy.online import OnlineEpisodes
     from proxy.render import Renderer
     from proxy.rewards_service import RewardService
 
@@ -50,6 +51,7 @@ class AppState:
     completions: CompletionService | None = None
     rewards: RewardService | None = None
     admission: Admission | None = None
+    online: OnlineEpisodes | None = None  # feedback by response id; with [online] enabled, ends idle episodes
 
     @classmethod
     def build(cls, cfg: Config) -> AppState:
@@ -81,7 +83,7 @@ class AppState:
             log.info("reply parsers: tools %s, reasoning %s", *self.renderer.parsers.names)
             default_max = self.cfg.proxy.default_max_tokens
             self.completions = CompletionService(
-                self.engine, self.renderer, self.db, self.sessions, default_max, e.tool_call_grammar
+                self.engine, self.renderer, self.db, self.sessions, default_max, e.tool_call_grammar, self.cfg.online
             )
             self.ready.set()
             log.info("engine ready: %s (version %d)", self.served_name, self.engine.version)

@@ -42,6 +42,7 @@ class TrainerState:
     samples: int = 0
     sessions_trained: int = 0
     elapsed_s: float = 0.0  # the training loop's wall time, across resumes (trainer.max_minutes)
+    baselines: dict | None = None  # [trainer.running_mean]'s means (trainer/selection.py RunningMeans)
 
 
 def _rng_state() -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 Each claim (whole groups, in `canonical_order`) passes through the selectors the config turns on:
 `ShapeOverlong` ([trainer.overlong], DAPO's length penalty and overlong filtering) →
-`Downsample` ([trainer.pods], PODS) → `GroupAdvantages` (always: baseline and scale per session,
-flat groups marked) → `TrainUnsolved` ([trainer.unsolved], negative sample reinforcement) →
+`Downsample` ([trainer.pods], PODS) → `GroupAdvantages` (baseline and scale per session, flat groups
+marked; or `RunningMeanAdvantages` with [trainer.running_mean], online RL's ungrouped baseline) →
+`TrainUnsolved` ([trainer.unsolved], negative sample reinforcement) →
 `SkipFlat` (trainer.batch.skip_zero_variance, DAPO's filter). A `ClaimPolicy` says how much the
 loop claims and when its batch is complete: `OneClaim`, or `FillBatch` (trainer.batch.fill,
 DAPO's dynamic sampling). Every skipped session is recorded with its reason.
@@ -11,6 +12,7 @@ DAPO's dynamic sampling). Every skipped session is recorded with its reason.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -18,7 +20,7 @@ import torch
 
 from proxy.store.samples import SessionSamples
 from trainer.advantages import ADVANTAGES, max_variance_subset
-from trainer.config import OverlongConfig, TrainerConfig
+from trainer.config import OverlongConfig, RunningMeanConfig, TrainerConfig
 from trainer.overlong import shape
 
 ZERO_VARIANCE = "skipped_zero_variance"
@@ -113,6 +115,67 @@ class GroupAdvantages:
         claim.flat = [s.session_id for i, s in enumerate(sessions) if bool(adv.skipped[i])]
 
 
+class RunningMeans:
+    """Exponential moving averages of rewards by key, the least recently used dropped past `max_keys`,
+    and one over every reward (the baseline of a key not seen yet). Saved in each checkpoint."""
+
+    def __init__(self, decay: float, max_keys: int) -> None:
+        self.decay = decay
+        self.max_keys = max_keys
+        self.means: OrderedDict[str, float] = OrderedDict()
+        self.overall: float | None = None
+
+    def baseline(self, key: str) -> float:
+        if key in self.means:
+            return self.means[key]
+        return self.overall if self.overall is not None else 0.0
+
+    def update(self, key: str, reward: float) -> None:
+        old = self.means.pop(key, None)
+        self.means[key] = reward if old is None else self.decay * old + (1 - self.decay) * reward
+        while len(self.means) > self.max_keys:
+            self.means.popitem(last=False)
+        self.overall = reward if self.overall is None else self.decay * self.overall + (1 - self.decay) * reward
+
+    def state(self) -> dict:
+        return {"means": dict(self.means), "overall": self.overall}
+
+    def load(self, state: dict | None) -> None:
+        if state:
+            self.means = OrderedDict(state.get("means", {}))
+            self.overall = state.get("overall")
+
+
+class RunningMeanAdvantages:
+    """Online RL's baseline: a session's reward less the running mean under its key, taken before the
+    claim's own rewards update the means (a session is never its own baseline); scale 1, nothing flat.
+    The claim's sessions update the means in canonical order, so a run is reproducible."""
+
+    def __init__(self, cfg: RunningMeanConfig, means: RunningMeans) -> None:
+        self.key = cfg.key
+        self.means = means
+
+    def key_of(self, s: SessionSamples) -> str:
+        if self.key == "global":
+            return ""
+        if self.key == "task" and s.task_id is not None:
+            return "task:" + s.task_id
+        return "prompt:" + (s.prompt_key or s.session_id)
+
+    def apply(self, claim: Selection) -> None:
+        keys = [self.key_of(s) for s in claim.sessions]
+        for s, key in zip(claim.sessions, keys, strict=True):
+            claim.baseline[s.session_id] = self.means.baseline(key)
+            claim.scale[s.session_id] = 1.0
+        for s, key in zip(claim.sessions, keys, strict=True):
+            self.means.update(key, s.reward)
+        claim.flat = []
+        if claim.sessions:
+            claim.counts["running_mean_baseline"] = sum(claim.baseline[s.session_id] for s in claim.sessions) / len(
+                claim.sessions
+            )
+
+
 class TrainUnsolved:
     """Negative sample reinforcement: a flat group whose rewards are below the claim's mean (failed
     every time while other tasks were solved) is trained, every session with `advantage`, as whole
@@ -142,14 +205,17 @@ class SkipFlat:
             claim.skip(ZERO_VARIANCE, list(claim.flat), "zero reward variance in its group")
 
 
-def selectors(cfg: TrainerConfig) -> list[Selector]:
+def selectors(cfg: TrainerConfig, means: RunningMeans | None = None) -> list[Selector]:
     """The selectors the config turns on, in the order they apply."""
     chosen: list[Selector] = []
     if cfg.overlong:
         chosen.append(ShapeOverlong(cfg.overlong, cfg.batch.style))
     if cfg.pods:
         chosen.append(Downsample(cfg.pods.keep))
-    chosen.append(GroupAdvantages(cfg.loss.advantage))
+    if cfg.running_mean is not None:
+        chosen.append(RunningMeanAdvantages(cfg.running_mean, means or RunningMeans(cfg.running_mean.decay, 1)))
+    else:
+        chosen.append(GroupAdvantages(cfg.loss.advantage))
     if cfg.unsolved:
         chosen.append(TrainUnsolved(cfg.unsolved.advantage, cfg.unsolved.share))
     if cfg.batch.skip_zero_variance:

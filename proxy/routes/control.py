@@ -18,7 +18,7 @@ from proxy.engines.base import EngineUnavailable
 from proxy.errors import APIError, conflict, engine_unavailable, forbidden, invalid_request, not_found, unauthorized
 from proxy.routes.common import JsonRoute, json_response
 from proxy.routes.deps import Admin, CallerDep, Rewards, Sessions, State
-from proxy.schemas.control import CreateSession, Fail, Finish, SessionList, SetReward, Weights
+from proxy.schemas.control import CreateSession, Fail, Feedback, Finish, SessionList, SetReward, Weights
 from proxy.sessions import hash_key
 from proxy.store.sessions import count_sessions, recent_sessions
 from proxy.store.tree import session_rows
@@ -123,6 +123,12 @@ async def get_session(session_id: str, caller: CallerDep, sessions: Sessions, st
 async def reward(session_id: str, body: SetReward, _: Admin, sessions: Sessions, rewards: Rewards) -> Response:
     await sessions.get(session_id)
     return json_response(await rewards.set_reward(session_id, body.reward, body.completion_id))
+
+
+@router.post("/feedback")
+async def feedback(body: Feedback, _: Admin, state: State) -> Response:
+    """Rate an answer by the response id its client got: a score, thumbs up/down, or a configured label."""
+    return json_response(await state.online.feedback(body))
 
 
 @router.post("/sessions/{session_id}/finish")

@@ -14,8 +14,9 @@ from fastapi import Depends, Request
 
 from proxy.completions import CompletionService
 from proxy.rewards_service import RewardService
-from proxy.sessions import Caller, SessionService, bearer
+from proxy.sessions import Caller, SessionService, bearer, episode_header
 from proxy.state import AppState
+from proxy.store.online import EPISODE_HEADER
 
 
 def app_state(request: Request) -> AppState:
@@ -26,9 +27,11 @@ State = Annotated[AppState, Depends(app_state)]
 
 
 def caller(request: Request) -> Caller:
-    """The bearer token (`Authorization` or Anthropic's `x-api-key`) and the session the path names."""
+    """The bearer token (`Authorization` or Anthropic's `x-api-key`), the session the path names and
+    the episode the `X-Areal-Episode` header names."""
     token = bearer(request.headers.get("authorization"), request.headers.get("x-api-key"))
-    return Caller(token=token, path_session=request.path_params.get("session_id"))
+    episode = episode_header(request.headers.get(EPISODE_HEADER))
+    return Caller(token=token, path_session=request.path_params.get("session_id"), episode=episode)
 
 
 CallerDep = Annotated[Caller, Depends(caller)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from proxy.schemas.common import MAX_ID, Id, JsonObject, Wire
 
@@ -43,6 +43,27 @@ class SetReward(Wire):
     reward: RewardValue
     completion_id: Id | None = None
     """The turn rewarded; default: the session's last completion."""
+
+
+class Feedback(Wire):
+    """How good an answer was, from whatever saw it (online RL): exactly one of score, thumbs or label."""
+
+    response_id: Id
+    """The id the client got with the answer (`chatcmpl-…`, `resp_…`, `msg_…`, `cmpl-…`)."""
+    choice_index: Annotated[int, Field(ge=0, le=1024)] = 0
+    """Which of the response's choices (n > 1)."""
+    score: RewardValue | None = None
+    thumbs: Literal["up", "down"] | None = None
+    """Mapped to a reward by [online] thumbs_up / thumbs_down."""
+    label: Annotated[str, Field(min_length=1, max_length=MAX_ID)] | None = None
+    """Mapped to a reward by [online] labels."""
+
+    @model_validator(mode="after")
+    def _one(self) -> Feedback:
+        given = [name for name in ("score", "thumbs", "label") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of score, thumbs or label (got {', '.join(given) or 'none'})")
+        return self
 
 
 class Finish(Wire):

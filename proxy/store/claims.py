@@ -2,7 +2,8 @@
 
 One transaction picks finished sessions whose group has nothing left open, drops
 (and counts) the ones sampled more than `max_staleness` versions before the
-trainer's current version, and marks the rest `training` for this step; once the
+trainer's current version, and marks the rest `training` for this step (automatic sessions too, once
+something finished them: online RL's live episodes, `proxy/online.py`); once the
 step's weights are pushed, `end_step` marks them consumed. Admission control counts
 `training` sessions as still ahead of the trainer, so with `max_staleness = 0` no new
 episode starts until the engine holds the weights trained on the last batch. On
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, Row, func, select, update
+from sqlalchemy import Connection, Row, func, or_, select, update
 
 from proxy.store.schema import sessions
 
@@ -43,7 +44,7 @@ def _scan(conn: Connection, limit: int) -> tuple[list[Row], set[str]]:
     groups among them that cannot be claimed whole yet."""
     query = (
         select(sessions.c.id, sessions.c.group_id, sessions.c.task_id, sessions.c.min_version, sessions.c.finished_at)
-        .where(sessions.c.status == "finished", sessions.c.auto.is_(False), sessions.c.eval.is_(False))
+        .where(sessions.c.status == "finished", sessions.c.eval.is_(False))
         .order_by(sessions.c.finished_at, sessions.c.id)
         .limit(limit)
     )
@@ -61,7 +62,6 @@ def _scan(conn: Connection, limit: int) -> tuple[list[Row], set[str]]:
         members = select(sessions.c.id, sessions.c.group_id, sessions.c.status).where(
             sessions.c.group_id.in_(named),
             sessions.c.status.in_(("open", "finished")),
-            sessions.c.auto.is_(False),
             sessions.c.eval.is_(False),
         )
         for member in conn.execute(members):
@@ -166,7 +166,7 @@ def trained_count(conn: Connection) -> dict[str, int]:
     """Sessions by fate, for progress and for the exactly-once checks."""
     rows = conn.execute(
         select(sessions.c.status, sessions.c.consumed_step, func.count())
-        .where(sessions.c.auto.is_(False), sessions.c.eval.is_(False))
+        .where(sessions.c.eval.is_(False), or_(sessions.c.auto.is_(False), sessions.c.status != "open"))
         .group_by(sessions.c.status, sessions.c.consumed_step)
     ).all()
     out = {"open": 0, "finished": 0, "training": 0, "trained": 0, "dropped_stale": 0, "skipped": 0, "failed": 0}

@@ -70,6 +70,7 @@ class SessionSamples:
     min_version: int | None
     individual: list[IndividualSample]
     concat: list[ConcatSample]
+    prompt_key: str = ""  # what its first call was asked (the request hash): one prompt's episodes share it
 
 
 def _group(session: Any) -> str:
@@ -142,6 +143,7 @@ def samples_for_session(session: Any, rows: list[Any]) -> SessionSamples:
                 temperature=leaf.temperature,
             )
         )
+    first = next((r for r in rows if r.parent_id is None), None)
     return SessionSamples(
         session_id=session.id,
         group_id=group,
@@ -150,6 +152,7 @@ def samples_for_session(session: Any, rows: list[Any]) -> SessionSamples:
         min_version=session.min_version,
         individual=individual,
         concat=concat,
+        prompt_key=(first.request_hash or "") if first is not None else "",
     )
 
 
@@ -161,7 +164,7 @@ def load_samples(conn: Connection, session_ids: list[str]) -> list[SessionSample
     rows_by_session: dict[str, list[Any]] = {sid: [] for sid in session_ids}
     query = (
         select(completions)
-        .where(completions.c.session_id.in_(session_ids))
+        .where(completions.c.session_id.in_(session_ids), completions.c.superseded_by.is_(None))
         .order_by(completions.c.created_at, completions.c.id)
     )
     for row in conn.execute(query):

@@ -83,8 +83,14 @@ class CompletionRow(Base):
     reward: Mapped[float | None] = mapped_column(Float)  # raw reward of this turn
     ret: Mapped[float | None] = mapped_column(Float)  # tree-discounted return
     created_at: Mapped[float] = mapped_column(Float)
+    request_hash: Mapped[str | None] = mapped_column(String(64))  # the request's conversation prefix hash
+    superseded_by: Mapped[str | None] = mapped_column(String(80))  # a resend of the same request replaced it
 
-    __table_args__ = (Index("ix_completions_chain", "chain_hash", "session_id"),)
+    # The request hash finds an earlier identical request (a client's resend after a timeout).
+    __table_args__ = (
+        Index("ix_completions_chain", "chain_hash", "session_id"),
+        Index("ix_completions_request", "request_hash", "created_at"),
+    )
 
 
 sessions = SessionRow.__table__

@@ -78,14 +78,14 @@ def close_session(
     conn.execute(update(sessions).where(sessions.c.id == session_id).values(**values))
 
 
-def fail_idle_sessions(conn: Connection, idle_since: float, failure: str, now: float) -> list[str]:
-    """Fail open sessions with no activity since `idle_since`; their ids."""
-    ids = [
-        r.id
-        for r in conn.execute(
-            select(sessions.c.id).where(sessions.c.status == "open", sessions.c.updated_at < idle_since)
-        )
-    ]
+def fail_idle_sessions(
+    conn: Connection, idle_since: float, failure: str, now: float, *, named_only: bool = False
+) -> list[str]:
+    """Fail open sessions (only named ones with `named_only`) with no activity since `idle_since`; their ids."""
+    query = select(sessions.c.id).where(sessions.c.status == "open", sessions.c.updated_at < idle_since)
+    if named_only:
+        query = query.where(sessions.c.auto.is_(False))
+    ids = [r.id for r in conn.execute(query)]
     if ids:
         conn.execute(
             update(sessions)

@@ -58,10 +58,10 @@ def turn_recorded(conn: Connection, completion_id: str) -> bool:
 
 
 def last_completion_id(conn: Connection, session_id: str) -> str | None:
-    """The session's latest completion (choice 0 of the latest call)."""
+    """The session's latest completion (choice 0 of the latest call) that no resend superseded."""
     row = conn.execute(
         select(completions.c.id)
-        .where(completions.c.session_id == session_id)
+        .where(completions.c.session_id == session_id, completions.c.superseded_by.is_(None))
         .order_by(completions.c.created_at.desc(), completions.c.choice_index, completions.c.id.desc())
         .limit(1)
     ).first()
@@ -79,9 +79,10 @@ def set_turn_reward(conn: Connection, session_id: str, completion_id: str, rewar
 
 
 def turn_rewards(conn: Connection, session_id: str) -> list[Row]:
-    """(id, parent_id, reward) of every completion in the session: the tree returns are computed on."""
+    """(id, parent_id, reward) of every completion in the session that no resend superseded: the tree
+    returns are computed on."""
     query = select(completions.c.id, completions.c.parent_id, completions.c.reward).where(
-        completions.c.session_id == session_id
+        completions.c.session_id == session_id, completions.c.superseded_by.is_(None)
     )
     return list(conn.execute(query).all())
 

@@ -42,7 +42,7 @@ def legacy_store(url: str, version: int) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         # Step 1 of the releases before `seed`: the schema of then (no status index, no seed, no claimed_step,
-        # no eval, no temperature, no creation-time indexes).
+        # no eval, no temperature, no creation-time indexes, no request hash or resend mark).
         Base.metadata.create_all(conn)
         conn.execute(text("DROP INDEX ix_sessions_status_updated"))
         conn.execute(text("DROP INDEX ix_sessions_claimed_step"))
@@ -52,6 +52,9 @@ def legacy_store(url: str, version: int) -> None:
         conn.execute(text("ALTER TABLE sessions DROP COLUMN claimed_step"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN eval"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN temperature"))
+        conn.execute(text("DROP INDEX ix_completions_request"))
+        conn.execute(text("ALTER TABLE completions DROP COLUMN request_hash"))
+        conn.execute(text("ALTER TABLE completions DROP COLUMN superseded_by"))
         if version >= 2:
             conn.execute(text("CREATE INDEX IF NOT EXISTS ix_sessions_status_updated ON sessions (status, updated_at)"))
         if version >= 3:
@@ -93,7 +96,7 @@ def legacy_store(url: str, version: int) -> None:
 def test_a_fresh_store_reaches_head_with_the_schema_of_schema_py(url):
     db = open_store(url)
     try:
-        assert db.read(current_revision) == head_revision() == "0006"
+        assert db.read(current_revision) == head_revision() == "0007"
         assert schema_drift(db) == []
         assert not db.read(lambda c: inspect(c).has_table("schema_version"))
     finally:

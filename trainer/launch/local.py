@@ -9,6 +9,10 @@ checkpoint, and stops the proxy. Running the same command again resumes: the
 trainer from its last checkpoint, the runner from its saved dataset position;
 sessions left open by the interrupted run are closed as failed.
 
+`--online` runs the proxy and the trainer without a runner: the user's own agent sends live traffic,
+whatever sees the answers posts feedback, and the proxy's online sweeper (`proxy/online.py`) turns
+rewarded idle episodes into finished sessions the trainer claims as usual.
+
 With `trainer.processes` > 1 the trainer is that many processes (torch.distributed ranks on this
 machine, `trainer/distributed.py`); if one dies the others are killed (a sharded step or save
 needs every rank) and the next start resumes from the last checkpoint, with any process count.
@@ -34,7 +38,9 @@ from adapters.runner import EpisodeRunner
 from adapters.tasks import load_tasks
 from proxy.config import ADMIN_KEY_ENV, Config, public_config
 from proxy.store.db import Database
+from proxy.store.online import online_counts
 from proxy.store.sessions import fail_open_sessions
+from trainer.config import RunningMeanConfig
 from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy, write_private
 from trainer.loop import proxy_url
 from trainer.metrics import progress_rows
@@ -114,20 +120,34 @@ def progress_table(cfg: Config, run_dir: Path, runner: EpisodeRunner, started: f
     return table
 
 
-def launch(cfg: Config, config_path: str | None) -> int:
+def prepare_online(cfg: Config, console: Console) -> None:
+    """`train --online`: the proxy ends idle episodes and takes feedback ([online]); live traffic is never
+    refused (a user is waiting), so admission control is off and staleness is bounded by the claim's drop;
+    episodes come one at a time, so without a critic the baseline is a running mean."""
+    cfg.online.enabled = True
+    cfg.proxy.admission = False
+    if cfg.trainer.running_mean is None and cfg.trainer.critic is None and cfg.trainer.algorithm == "ppo":
+        cfg.trainer.running_mean = RunningMeanConfig()
+        console.print("online: episodes have no groups; baseline = [trainer.running_mean] key = 'prompt'")
+
+
+def launch(cfg: Config, config_path: str | None, online: bool = False) -> int:
     run_dir = Path(cfg.trainer.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.proxy.port == 0:
         cfg.proxy.port = free_port()
-    cfg.proxy.admission = True
+    console = Console()
+    if online:
+        prepare_online(cfg, console)
+    else:
+        cfg.proxy.admission = True
     config_file = run_dir / "config.json"
     write_private(config_file, json.dumps(public_config(cfg), indent=2))
     (run_dir / "STOP").unlink(missing_ok=True)
     interrupted = close_interrupted_sessions(cfg)
-    console = Console()
     if interrupted:
         console.print(f"closed {interrupted} sessions left open by an interrupted run")
-    tasks = load_tasks(cfg.rollout.dataset, "train", cfg.rollout.seed)
+    tasks = None if online else load_tasks(cfg.rollout.dataset, "train", cfg.rollout.seed)
     children = Children(run_dir, config_file, cfg.proxy.admin_key)
     url = proxy_url(cfg)
     trainers: list[subprocess.Popen] = []
@@ -136,10 +156,14 @@ def launch(cfg: Config, config_path: str | None) -> int:
         wait_healthy(url, proxy, timeout=600, log_path=run_dir / "proxy.log")
         console.print(f"web UI: {url}/ui/")
         trainers = children.start_trainers(cfg.trainer.processes)
-        runner = EpisodeRunner(
-            cfg.rollout, url, tasks, admin_key=cfg.proxy.admin_key, state_path=run_dir / "runner_state.json"
-        )
-        code = asyncio.run(_supervise(cfg, run_dir, runner, trainers, console))
+        if tasks is None:
+            console.print(f"online: point your agent at {url}/v1 and post feedback to {url}/feedback")
+            code = asyncio.run(_supervise_online(cfg, run_dir, trainers, console))
+        else:
+            runner = EpisodeRunner(
+                cfg.rollout, url, tasks, admin_key=cfg.proxy.admin_key, state_path=run_dir / "runner_state.json"
+            )
+            code = asyncio.run(_supervise(cfg, run_dir, runner, trainers, console))
     except KeyboardInterrupt:
         code = 130
     finally:
@@ -188,6 +212,49 @@ async def _supervise(
         await asyncio.wait_for(rollout, 60)
     (run_dir / "STOP").unlink(missing_ok=True)
     if interrupted:
+        return 130
+    codes = [t.poll() for t in trainers]
+    return next((c for c in codes if c not in (0, None)), 0)
+
+
+def online_table(cfg: Config, run_dir: Path, counts: dict, started: float) -> Table:
+    table = Table(title=f"areal-proxy train --online — {run_dir}", show_header=False, min_width=60)
+    table.add_column(style="bold")
+    table.add_column()
+    for row in progress_rows(run_dir, cfg.trainer.max_steps):
+        table.add_row(*row)
+    episodes = counts.get("episodes", {})
+    table.add_row("episodes open / finished", f"{episodes.get('open', 0)} / {episodes.get('finished', 0)}")
+    trained = episodes.get("consumed", 0) + episodes.get("training", 0)
+    table.add_row("episodes claimed / dropped", f"{trained} / {episodes.get('failed', 0)}")
+    table.add_row("answers superseded by resends", str(counts.get("superseded_completions", 0)))
+    table.add_row("elapsed", f"{time.time() - started:.0f}s")
+    return table
+
+
+async def _supervise_online(cfg: Config, run_dir: Path, trainers: list[subprocess.Popen], console: Console) -> int:
+    """Until the trainer ends (trainer.max_steps / max_minutes) or Ctrl-C: a progress table of the live episodes."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    started = time.time()
+    db = Database(cfg.store)
+    last_print = 0.0
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 2.0)
+            if any(t.poll() is not None for t in trainers):
+                break
+            if time.time() - last_print > (5 if console.is_terminal else 30):
+                counts = await asyncio.to_thread(db.read, online_counts)
+                console.print(online_table(cfg, run_dir, counts, started))
+                last_print = time.time()
+    finally:
+        db.close()
+    if stop.is_set():
         return 130
     codes = [t.poll() for t in trainers]
     return next((c for c in codes if c not in (0, None)), 0)

@@ -6,7 +6,8 @@ decoupled PPO loss; `[trainer.optim]` AdamW; `[trainer.schedule]` the learning r
 run; `[trainer.checkpoint]` what is kept; `[trainer.logging]` where metrics go. `[trainer.pods]`,
 `[trainer.unsolved]` and `[trainer.overlong]` turn batch selection strategies on by being present
 (`trainer/selection.py`); `[trainer.critic]`, present, trains a value function and takes advantages from
-GAE (`trainer/critic.py`). Pydantic only, so the CLI's `--help` stays instant.
+GAE (`trainer/critic.py`). `trainer.algorithm` picks how a step learns: PPO, or DPO (`[trainer.dpo]`) or
+supervised fine-tuning (`[trainer.sft]`) from the same store. Pydantic only, so the CLI's `--help` stays instant.
 """
 
 from __future__ import annotations
@@ -178,6 +179,21 @@ class LoggingConfig(Section):
     """Tags of the W&B run."""
 
 
+class RunningMeanConfig(Section):
+    """A baseline that needs no groups (online RL, where episodes come one at a time): each session's
+    advantage is its reward less the running mean of the rewards seen before it under its key, an
+    exponential moving average kept across steps and checkpoints. A key seen for the first time gets
+    the mean over every key."""
+
+    key: Literal["prompt", "task", "global"] = "prompt"
+    """What shares a mean: the first request's conversation (`prompt`), the session's task id (`task`,
+    falling back to the prompt), or one mean for everything (`global`)."""
+    decay: float = Field(default=0.9, ge=0.0, lt=1.0)
+    """Weight of the old mean at each update: m ← decay·m + (1 − decay)·r (0 uses the last reward alone)."""
+    max_keys: int = Field(default=100_000, ge=1)
+    """Means kept, least recently used dropped first (live traffic rarely repeats a prompt)."""
+
+
 class PodsConfig(Section):
     """Max-variance down-sampling (PODS, arXiv 2504.13818): of each group whose rewards differ, only the
     sessions whose rewards vary most are trained, the advantages computed over them; the rest are skipped
@@ -274,6 +290,53 @@ class CriticConfig(Section):
         return self
 
 
+class DpoConfig(Section):
+    """Direct preference optimisation (Rafailov et al. 2023, arXiv 2305.18290; `trainer/preference.py`) on pairs
+    the store already holds: sessions of one group (one task, one prompt) whose rewards differ, the higher one
+    chosen. Used with trainer.algorithm = "dpo"."""
+
+    beta: float = Field(default=0.1, gt=0)
+    """β: the inverse temperature of the implicit reward β · log π/π_ref (larger: stays closer to the reference)."""
+    reference: Literal["frozen", "none"] = "frozen"
+    """frozen: log π_ref from a frozen copy of the starting weights (one more model in memory; with LoRA the same
+    model with its adapters off, no copy); none: reference-free, the log π_ref terms dropped."""
+    length_norm: bool = False
+    """Divide each response's summed log-ratio by its token count (with reference = "none" and `target_margin`:
+    SimPO, arXiv 2405.14734), so a long reply is not preferred for its length."""
+    target_margin: float = Field(default=0.0, ge=0)
+    """SimPO's γ: the chosen response must beat the rejected one by this much of β-scaled log-ratio (0: DPO)."""
+    pairs: Literal["best_worst", "all"] = "best_worst"
+    """Pairs per group: its best session against its worst, or every pair whose rewards differ (`max_pairs`)."""
+    max_pairs: int = Field(default=0, ge=0)
+    """With pairs = "all": the most pairs per group, largest reward gap first (0: no cap)."""
+    min_gap: float = Field(default=0.0, ge=0)
+    """A pair's rewards must differ by more than this (ties never pair)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> DpoConfig:
+        if self.max_pairs and self.pairs != "all":
+            raise ValueError(
+                f"trainer.dpo.max_pairs {self.max_pairs} caps pairs = 'all', but pairs is {self.pairs!r} (one pair "
+                "a group): set pairs = 'all' or max_pairs = 0"
+            )
+        return self
+
+
+class SftConfig(Section):
+    """Supervised fine-tuning on the store's own episodes (`trainer/sft.py`): sessions whose reward reaches a
+    threshold are trained with the token NLL of their sampled tokens (rejection-sampling fine-tuning, Yuan et al.
+    2023, arXiv 2308.01825). Used with trainer.algorithm = "sft"."""
+
+    min_reward: float = 1.0
+    """Sessions whose reward is at least this are trained on (rejection sampling's acceptance test)."""
+    per_group: int = Field(default=0, ge=0)
+    """The most sessions trained of each group, highest reward first (1: best-of-n rejection sampling; 0: every
+    session that passes `min_reward`)."""
+    distinct: bool = True
+    """Train a group's identical episodes (same tokens) once, so an easy prompt answered the same way n times does
+    not count n times."""
+
+
 class TrainerConfig(Section):
     model: str = ""
     """Model to train; empty uses [engine] model."""
@@ -334,6 +397,17 @@ class TrainerConfig(Section):
     """Present: penalise replies by their length, or leave truncated ones out (DAPO; off when absent or false)."""
     critic: Strategy[CriticConfig] = None
     """Present: PPO with a critic, advantages from GAE instead of the group estimator (off when absent or false)."""
+    running_mean: Strategy[RunningMeanConfig] = None
+    """Present: a running-mean baseline per prompt or task instead of the group's (online RL's ungrouped
+    episodes; off when absent or false)."""
+    algorithm: Literal["ppo", "dpo", "sft"] = "ppo"
+    """How a step learns from its claimed sessions: decoupled PPO on group advantages, DPO on pairs of a group's
+    sessions whose rewards differ ([trainer.dpo]), or supervised fine-tuning on those whose reward passes a
+    threshold ([trainer.sft]); the same claims, checkpoints and weight pushes for each."""
+    dpo: DpoConfig = Field(default_factory=DpoConfig)
+    """DPO's pairs, β and reference (with algorithm = "dpo")."""
+    sft: SftConfig = Field(default_factory=SftConfig)
+    """Which sessions supervised fine-tuning trains on (with algorithm = "sft")."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
@@ -347,9 +421,38 @@ class TrainerConfig(Section):
                 "[trainer.critic] needs trainer.batch.style = 'individual' and trainer.processes = 1 "
                 f"(got {self.batch.style!r} and {self.processes}): set them, or leave the section out"
             )
+        if self.running_mean is not None and (self.critic is not None or self.unsolved is not None):
+            raise ValueError(
+                "[trainer.running_mean] is a baseline without groups; [trainer.critic] (a learned baseline) and "
+                "[trainer.unsolved] (flat groups) would override or never see it: keep one of them"
+            )
         if self.critic is not None and (self.unsolved is not None or (self.overlong and self.overlong.max_tokens)):
             raise ValueError(
                 "[trainer.critic] takes advantages from GAE on the raw rewards: [trainer.unsolved]'s advantage and "
                 "[trainer.overlong]'s length penalty (max_tokens) would be ignored; leave them out with the critic"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_algorithm(self) -> TrainerConfig:
+        if self.algorithm == "ppo":
+            return self
+        unused = {
+            "[trainer.critic]": self.critic is not None,
+            "[trainer.pods]": self.pods is not None,
+            "[trainer.unsolved]": self.unsolved is not None,
+            "trainer.loss.kl_coef": self.loss.kl_coef > 0,
+        }
+        ignored = [name for name, on in unused.items() if on]
+        if ignored:
+            raise ValueError(
+                f"trainer.algorithm {self.algorithm!r} takes no group advantages and no KL penalty, so "
+                f"{', '.join(ignored)} would be ignored (DPO's β is its tie to the reference): leave "
+                f"{'it' if len(ignored) == 1 else 'them'} out, or use algorithm = 'ppo'"
+            )
+        if self.processes != 1:
+            raise ValueError(
+                f"trainer.algorithm {self.algorithm!r} runs in one trainer process (got trainer.processes "
+                f"{self.processes}): set processes = 1, or use algorithm = 'ppo'"
             )
         return self

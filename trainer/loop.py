@@ -33,15 +33,26 @@ from proxy.runtime.model_files import resolve_model
 from proxy.store.claims import claim_batch, end_step, mark_skipped, release_after, settle_through
 from proxy.store.db import Database
 from proxy.store.samples import SessionSamples, load_samples
-from trainer import audit, checkpoint, critic, distributed, policy
+from trainer import audit, checkpoint, critic, distributed, policy, preference, sft
 from trainer.batch import build_samples, pack
 from trainer.metrics import MetricsSink, StallWatch
 from trainer.schedule import lr_factor, progress
-from trainer.selection import ZERO_VARIANCE, Selection, canonical_order, claim_policy, select, selectors
+from trainer.selection import (
+    ZERO_VARIANCE,
+    RunningMeans,
+    Selection,
+    canonical_order,
+    claim_policy,
+    select,
+    selectors,
+)
 from trainer.step import StepResult, recompute_proximal, train_step
 from trainer.weights import WeightSync, default_weights_dir
 
 log = logging.getLogger("areal_trainer")
+
+# trainer.algorithm other than "ppo": its selectors, samples and optimizer steps replace PPO's.
+LEARNERS = {"dpo": preference.Dpo, "sft": sft.Sft}
 
 
 def proxy_url(cfg: Config) -> str:
@@ -101,7 +112,14 @@ class Trainer:
         self.sync = WeightSync(weights_dir, proxy_url(cfg), cfg.proxy.admin_key, dtype=push_dtype)
         self.metrics = MetricsSink(self.run_dir, self.tcfg.logging, public_config(cfg)) if self.rank.is_main else None
         self.stall = StallWatch(self.tcfg.stall_steps)
-        self.selectors = selectors(self.tcfg)
+        learner = LEARNERS.get(self.tcfg.algorithm)
+        self.learner = learner(self.tcfg) if learner is not None else None
+        # [trainer.running_mean]: online RL's baseline, its means saved in each checkpoint
+        rm = self.tcfg.running_mean
+        self.running_means = RunningMeans(rm.decay, rm.max_keys) if rm is not None else None
+        self.selectors = (
+            self.learner.selectors if self.learner is not None else selectors(self.tcfg, self.running_means)
+        )
         self.claiming = claim_policy(self.tcfg)
         self.state = checkpoint.TrainerState()
         self.stopping = False
@@ -150,6 +168,8 @@ class Trainer:
             return
         if resume is not None:
             self.state = checkpoint.load_state(resume, self.optimizer, self.model)
+            if self.running_means is not None:
+                self.running_means.load(self.state.baselines)
             released = self.db.transaction(lambda c: release_after(c, self.state.step))
             self.db.transaction(lambda c: settle_through(c, self.state.step))
             version = max(self.state.version, self.sync.engine_version()) + 1
@@ -276,7 +296,10 @@ class Trainer:
     def _train(self, batch: _Batch, waited: float) -> None:
         t0 = time.time()
         sessions, train_on = batch.sessions, batch.kept
-        samples = build_samples(train_on, self.tcfg.batch.style, batch.baseline, batch.scale)
+        if self.learner is not None:
+            samples = self.learner.samples(train_on)
+        else:
+            samples = build_samples(train_on, self.tcfg.batch.style, batch.baseline, batch.scale)
         step = self.state.step + 1
         trained_version = self.state.version  # the policy these sessions are measured against
         self._dirty = True  # the weights move ahead of self.state until the step is counted
@@ -358,6 +381,10 @@ class Trainer:
 
     def _optimize(self, samples: list, step: int) -> StepResult | None:
         self._set_lr(step)
+        if self.learner is not None:  # one process (config.py refuses more)
+            return self.learner.train(
+                self.model, self.optimizer, samples, self.device, self.policy.reference, self.pad_id
+            )
         self._tell("train", samples, self.state.version, self.lr)
         return self._passes(samples)
 
@@ -461,6 +488,8 @@ class Trainer:
         return self.sync.push(self._full(), version)
 
     def _save(self) -> Path:
+        if self.running_means is not None:
+            self.state.baselines = self.running_means.state()
         if self.sharded is not None:
             self._tell("save", self.state)
             return checkpoint.save_sharded(

@@ -24,6 +24,14 @@ Two masks drop a token's policy-gradient term (its weight becomes 0; it still co
 
 With a critic (`trainer/gae.py`), `value_loss` is PPO's clipped value loss (Schulman et al. 2017, as in
 OpenAI baselines' ppo2): 0.5 · max((V − R)², (clip(V, V_old − ε_v, V_old + ε_v) − R)²).
+
+Learning from the same store without advantages (`trainer/preference.py`, `trainer/sft.py`):
+- `dpo_loss`, DPO (Rafailov et al. 2023, arXiv 2305.18290, eq. 7) over pairs of responses to one prompt, each
+  response's logprobs summed over its tokens: −log σ(β · ((log π(y_c) − log π_ref(y_c)) − (log π(y_r) −
+  log π_ref(y_r)))). Without a reference the π_ref terms are dropped; with lengths each log-ratio is divided by
+  its response's token count, and a target margin γ is subtracted inside σ (SimPO, Meng et al. 2024,
+  arXiv 2405.14734, eq. 6, when also reference-free).
+- `sft_loss`, the mean negative log-likelihood of the trained tokens (rejection-sampling fine-tuning).
 """
 
 import torch
@@ -232,3 +240,55 @@ def value_loss(
         "return_mean": _masked_mean(target, mask),
     }
     return loss, stats
+
+
+def dpo_loss(
+    chosen_logp: torch.Tensor,  # (P,) log π(y_c): each chosen response's logprobs summed, carries the gradient
+    rejected_logp: torch.Tensor,  # (P,) log π(y_r)
+    chosen_ref: torch.Tensor | None,  # (P,) log π_ref(y_c); None: reference-free
+    rejected_ref: torch.Tensor | None,  # (P,) log π_ref(y_r)
+    *,
+    beta: float,
+    chosen_len: torch.Tensor | None = None,  # (P,) tokens of each chosen response: length-normalised log-ratios
+    rejected_len: torch.Tensor | None = None,  # (P,)
+    target_margin: float = 0.0,
+    normaliser: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """DPO's loss over P pairs (scalar): the sum of −log σ(z) divided by `normaliser` (default P), with
+
+      z = β · (ρ_c − ρ_r) − target_margin,  ρ = log π(y) − log π_ref(y)   (÷ |y| with lengths)
+
+    and stats: the implicit rewards β·ρ of both sides, their margin and the fraction of pairs it ranks right."""
+    if (chosen_ref is None) != (rejected_ref is None):
+        raise ValueError("dpo_loss needs both reference logprobs, or neither (reference-free)")
+    if (chosen_len is None) != (rejected_len is None):
+        raise ValueError("dpo_loss needs both response lengths, or neither")
+    rho_c, rho_r = chosen_logp, rejected_logp
+    if chosen_ref is not None:
+        rho_c, rho_r = rho_c - chosen_ref.detach(), rho_r - rejected_ref.detach()
+    if chosen_len is not None:
+        rho_c, rho_r = rho_c / chosen_len.clamp(min=1), rho_r / rejected_len.clamp(min=1)
+    z = beta * (rho_c - rho_r) - target_margin  # (P,)
+    losses = -torch.nn.functional.logsigmoid(z)
+    loss = losses.sum() / (len(z) if normaliser is None else normaliser)
+    reward_c, reward_r = beta * rho_c.detach(), beta * rho_r.detach()
+    stats = {
+        "dpo_loss": float(losses.detach().mean()),
+        "chosen_reward": float(reward_c.mean()),
+        "rejected_reward": float(reward_r.mean()),
+        "reward_margin": float((reward_c - reward_r).mean()),
+        "pair_accuracy": float((reward_c > reward_r).float().mean()),
+    }
+    return loss, stats
+
+
+def sft_loss(
+    logp: torch.Tensor,  # (B, T) current policy, carries the gradient
+    loss_mask: torch.Tensor,  # (B, T) 1 on trained tokens
+    normaliser: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Supervised fine-tuning's loss (scalar): the masked tokens' negative log-likelihood summed, divided by
+    `normaliser` (default: the masked tokens, a token mean), and its mean per token as `nll`."""
+    mask = loss_mask.bool()
+    nll = torch.where(mask, -logp, 0.0)
+    return aggregate(nll, mask, "token_mean", normaliser), {"nll": _masked_mean(nll.detach(), mask)}

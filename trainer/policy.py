@@ -9,8 +9,8 @@ decided here once:
 - `model` is the Hugging Face model the step runs (`group_logprobs` calls its decoder and LM
   head); with LoRA it is the base model with the adapter layers injected, so the step's code
   is the same either way.
-- `reference` gives the KL penalty's reference logprobs: a frozen copy of the base, or with
-  LoRA the same model with its adapters switched off (no second copy of the weights).
+- `reference` gives the KL penalty's (or DPO's) reference logprobs: a frozen copy of the base, or
+  with LoRA the same model with its adapters switched off (no second copy of the weights).
 - `save_model(dir)` writes what a checkpoint holds; `push_payload(dir)` what a weight push
   sends (the adapter alone with LoRA).
 """
@@ -138,7 +138,7 @@ def build(
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(trainable, tcfg.optim, device)
     reference = None
-    if tcfg.loss.kl_coef > 0:
+    if tcfg.loss.kl_coef > 0 or (tcfg.algorithm == "dpo" and tcfg.dpo.reference == "frozen"):
         if peft_model is not None:
             reference = Reference(model, peft_model.disable_adapter)
         else:

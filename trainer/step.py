@@ -251,13 +251,14 @@ def recompute_proximal(
     """Store the current policy's logprobs on each group before several updates (under the same
     autocast as the training forward, so the ratio to them starts at 1 up to that precision)."""
     model.eval()
-    with torch.no_grad(), _autocast(device, autocast_bf16):
+    with torch.no_grad(), autocast_for(device, autocast_bf16):
         for chunk in microbatches(groups, tokens_per_microbatch):
             for group, logp in zip(chunk, group_logprobs(model, chunk, device)[0]):
                 group.prox_logprobs = logp.cpu()
 
 
-def _autocast(device: torch.device, bf16: bool) -> Any:
+def autocast_for(device: torch.device, bf16: bool) -> Any:
+    """bfloat16 autocast on `device` with `bf16` (trainer.autocast_bf16), else nothing."""
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
@@ -338,7 +339,7 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     normaliser = normaliser_for(batches, lcfg.agg)
     value_normaliser = normaliser_for(batches, "token_mean")
-    autocast = _autocast(device, cfg.autocast_bf16)
+    autocast = autocast_for(device, cfg.autocast_bf16)
     total_loss, tokens = 0.0, 0
     sums: dict[str, float] = {}
     for chunk in microbatches(batches, cfg.batch.tokens_per_microbatch, microbatch_budget(model, cfg)):
@@ -398,11 +399,18 @@ def train_step(
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + float(value) * n
         torch.stack(losses).sum().backward()  # one backward per microbatch
-    params = [p for p in model.parameters() if p.grad is not None]
-    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-    optimizer.step()
-    model.eval()
+    grad_norm = apply_gradients(model, optimizer, cfg.optim.grad_clip)
     return StepResult(
         loss=total_loss, grad_norm=grad_norm, tokens=tokens, stats={k: v / max(tokens, 1) for k, v in sums.items()}
     )
+
+
+def apply_gradients(model: Any, optimizer: torch.optim.Optimizer, grad_clip: float) -> float:
+    """The optimizer step on the accumulated gradients, clipped to `grad_clip` (0: unclipped) by their global
+    norm, which is returned; the model is left in eval mode."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    clip = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+    optimizer.step()
+    model.eval()
+    return grad_norm

@@ -10,12 +10,13 @@ before the caller sends the end of its answer. Nothing the client saw is lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import secrets
 import time
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
@@ -118,6 +119,7 @@ class CompletionService:
         self.nodes = NodeCache()
         self.eos_ids = set(engine.info.eos_token_ids)
         self.online = online if online is not None and online.enabled else None
+        self.calls_in_flight: dict[str, int] = {}  # session id → calls being generated (this replica)
 
     async def _open(self, session_id: str) -> bool:
         try:
@@ -327,12 +329,32 @@ class CompletionService:
         is generated, the turn is recorded even if the caller is cancelled meanwhile (the shield):
         a turn is stored if and only if its generation finished.
         """
-        results = await asyncio.gather(*(self._choice(turn, i, None) for i in range(turn.request.n)))
-        await asyncio.shield(self.record(turn, list(results)))
+        with self._in_flight(turn.session_id):
+            results = await asyncio.gather(*(self._choice(turn, i, None) for i in range(turn.request.n)))
+            await asyncio.shield(self.record(turn, list(results)))
         return list(results)
+
+    @contextlib.contextmanager
+    def _in_flight(self, session_id: str) -> Iterator[None]:
+        """Count the session's calls being generated: the online sweeper never ends an episode under one."""
+        self.calls_in_flight[session_id] = self.calls_in_flight.get(session_id, 0) + 1
+        try:
+            yield
+        finally:
+            left = self.calls_in_flight.pop(session_id) - 1
+            if left:
+                self.calls_in_flight[session_id] = left
+
+    def busy(self, session_id: str) -> bool:
+        return session_id in self.calls_in_flight
 
     async def stream(self, turn: Turn) -> AsyncIterator[ChoiceDelta | list[ChoiceResult]]:
         """Yield choice deltas as produced; the last item is the recorded results."""
+        with self._in_flight(turn.session_id):
+            async for item in self._stream(turn):
+                yield item
+
+    async def _stream(self, turn: Turn) -> AsyncIterator[ChoiceDelta | list[ChoiceResult]]:
         queue: asyncio.Queue = asyncio.Queue()
         tasks = [asyncio.create_task(self._choice(turn, i, queue)) for i in range(turn.request.n)]
         waiter = asyncio.gather(*tasks)

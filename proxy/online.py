@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from proxy.config import OnlineConfig
@@ -46,6 +47,7 @@ class OnlineEpisodes:
         self.rewards = rewards
         self.cfg = cfg
         self.metrics = metrics
+        self.busy: Callable[[str], bool] = lambda session_id: False  # calls in flight (set once the engine is up)
 
     # -- feedback -------------------------------------------------------------------
     def reward_of(self, body: Feedback) -> float:
@@ -97,6 +99,8 @@ class OnlineEpisodes:
         due = await self.db.aread(lambda c: idle_episodes(c, idle_since, SWEEP_BATCH))
         counts: dict[str, int] = {}
         for episode in due:
+            if self.busy(episode.id):
+                continue  # a call of it is being generated: not idle
             outcome = await self._end(episode, now)
             if outcome is not None:
                 counts[outcome] = counts.get(outcome, 0) + 1

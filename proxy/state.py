@@ -85,6 +85,8 @@ class AppState:
             self.completions = CompletionService(
                 self.engine, self.renderer, self.db, self.sessions, default_max, e.tool_call_grammar, self.cfg.online
             )
+            if self.online is not None:
+                self.online.busy = self.completions.busy
             self.ready.set()
             log.info("engine ready: %s (version %d)", self.served_name, self.engine.version)
         except Exception as exc:  # reported by /health and on every model call

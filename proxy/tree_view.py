@@ -58,6 +58,7 @@ def node_fields(r: Any) -> dict[str, Any]:
         "temperature": r.temperature,
         "reward": r.reward,
         "return": r.ret,
+        "superseded_by": getattr(r, "superseded_by", None),  # a client's resend replaced it: never trained
     }
 
 

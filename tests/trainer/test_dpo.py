@@ -6,14 +6,19 @@ and the step raises the chosen response's log-ratio over the rejected one's."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 import random
+from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
+from proxy.config import load_config
 from proxy.store.samples import IndividualSample, SessionSamples
-from tests.conftest import tiny_llama
+from tests.conftest import run_server, tiny_llama
+from trainer import loop
 from trainer.config import DpoConfig, TrainerConfig
 from trainer.losses import dpo_loss
 from trainer.policy import Reference
@@ -251,3 +256,64 @@ def test_a_step_raises_the_chosen_log_ratio_over_the_rejected(tiny):
         (a, _), (b, _) = _sums(model, units(free, 1000), torch.device("cpu"))
         (a0, _), (b0, _) = _sums(tiny, units(free, 1000), torch.device("cpu"))
     assert float((a[0] - a[1]) - (a0[0] - a0[1])) > 0 and float((b[1] - b[0]) - (b0[1] - b0[0])) > 0
+
+
+# -- the real trainer loop, against a real proxy and store ------------------------------------------------------
+OPEN = {"model": "m", "messages": [{"role": "user", "content": "Name an animal."}], "max_tokens": 6, "temperature": 1.0}
+
+
+def scored_groups(proxy, rewards: list[list[float]]) -> None:
+    """One finished group per list of rewards, its sessions sampled from one prompt."""
+    for g, group in enumerate(rewards):
+        created = proxy.post("/sessions", json={"count": len(group), "group_id": f"g{g}", "task_id": f"t{g}"})
+        for s, reward in zip(created.json()["data"], group):
+            assert httpx.post(s["base_url"] + "/chat/completions", json=OPEN, timeout=120).status_code == 200
+            assert proxy.post(f"/sessions/{s['session_id']}/finish", json={"reward": reward}).status_code == 200
+
+
+def run_twice(tmp_path, proxy, db_url: str, extra: list[str]) -> tuple[Path, list[dict]]:
+    """A trainer run of one step, then the same run resumed for a second: the run_dir and metrics.jsonl's rows."""
+    run_dir = tmp_path / "run"
+    overrides = [
+        f"store.url={db_url}",
+        f"proxy.port={proxy.url.rsplit(':', 1)[1]}",
+        f"trainer.run_dir={run_dir}",
+        "trainer.checkpoint.every=1",
+        "trainer.max_staleness=10",  # every session was sampled by the base weights
+        *extra,
+    ]
+    for steps in (1, 2):
+        assert loop.Trainer(load_config(None, [*overrides, f"trainer.max_steps={steps}"])).run() == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return run_dir, rows
+
+
+def assert_trained_and_resumed(run_dir: Path) -> None:
+    """Each step moved the weights; the second run resumed the first's checkpoint and optimizer."""
+    from safetensors.torch import load_file
+
+    from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
+
+    base = load_file(Path(resolve_model(DEFAULT_MODEL, load_config(None, []).engine.cache_dir)) / "model.safetensors")
+    steps = [load_file(run_dir / "checkpoints" / f"step_000000{i}" / "model.safetensors") for i in (1, 2)]
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert not torch.equal(steps[0][name], base[name]), "step 1 moved the weights"
+    assert not torch.equal(steps[1][name], steps[0][name]), "step 2 moved them on"
+    blob = torch.load(run_dir / "checkpoints" / "step_0000002" / "trainer.pt", weights_only=True)
+    assert {float(s["step"]) for s in blob["optimizer"]["state"].values()} == {2.0}, "the optimizer went on from step 1"
+    audit = [json.loads(line) for line in (run_dir / "trained_sessions.jsonl").read_text().splitlines()]
+    assert [e.get("step", e.get("resume_from")) for e in audit] == [1, 1, 2]
+
+
+def test_a_dpo_run_trains_checkpoints_and_resumes(tmp_path):
+    db_url = f"sqlite:///{tmp_path}/areal.db"
+    with run_server(tmp_path, db_url) as proxy:
+        scored_groups(proxy, [[0.0, 1.0, 0.0, 1.0], [1.0] * 4, [0.5, 0.0, 1.0, 0.0], [0.0] * 4])  # 2 groups a step
+        run_dir, rows = run_twice(
+            tmp_path, proxy, db_url, ["trainer.algorithm=dpo", "trainer.batch.size=8", "rollout.group_size=4"]
+        )
+    first, second = (next(r for r in rows if r["step"] == i and "loss" in r) for i in (1, 2))
+    assert first["dpo_pairs"] == 1 and first["skipped_unpaired"] == 2 and first["skipped_zero_variance"] == 4
+    assert first["dpo_loss"] == pytest.approx(math.log(2), abs=1e-4), "the policy starts as its frozen reference"
+    assert second["dpo_pairs"] == 1 and second["skipped_unpaired"] == 2 and second["skipped_zero_variance"] == 4
+    assert_trained_and_resumed(run_dir)

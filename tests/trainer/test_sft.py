@@ -9,8 +9,8 @@ import copy
 import pytest
 import torch
 
-from tests.conftest import tiny_llama
-from tests.trainer.test_dpo import session
+from tests.conftest import run_server, tiny_llama
+from tests.trainer.test_dpo import assert_trained_and_resumed, run_twice, scored_groups, session
 from trainer.batch import pack
 from trainer.config import TrainerConfig
 from trainer.losses import sft_loss
@@ -94,3 +94,20 @@ def test_a_step_is_the_mean_nll_and_lowers_it():
     assert first.stats["nll"] == pytest.approx(sum(nll) / 5, abs=1e-5) and first.tokens == 5
     second = sft_step(model, opt, groups, cfg, torch.device("cpu"))
     assert second.loss < first.loss - 0.05
+
+
+def test_an_sft_run_trains_checkpoints_and_resumes(tmp_path):
+    db_url = f"sqlite:///{tmp_path}/areal.db"
+    with run_server(tmp_path, db_url) as proxy:
+        scored_groups(proxy, [[0.0, 1.0, 0.0, 1.0], [0.0] * 4, [1.0, 0.5, 1.0, 1.0], [0.0] * 4])  # 2 groups a step
+        run_dir, rows = run_twice(
+            tmp_path,
+            proxy,
+            db_url,
+            ["trainer.algorithm=sft", "trainer.sft.per_group=2", "trainer.batch.size=8", "rollout.group_size=4"],
+        )
+    first, second = (next(r for r in rows if r["step"] == i and "loss" in r) for i in (1, 2))
+    assert first[BELOW] == 6 and first[NOT_BEST] == 0, "g0's two 0.0s and g1's four"
+    assert first["nll"] > 0 and first["loss"] == pytest.approx(first["nll"], rel=1e-5)
+    assert second[BELOW] == 5 and second[NOT_BEST] + second[DUPLICATE] == 1, "g2: two of its three 1.0s"
+    assert_trained_and_resumed(run_dir)

@@ -447,8 +447,8 @@ class TrainerConfig(Section):
         if ignored:
             raise ValueError(
                 f"trainer.algorithm {self.algorithm!r} takes no group advantages and no KL penalty, so "
-                f"{', '.join(ignored)} would be ignored (DPO's β is its tie to the reference): leave "
-                f"{'it' if len(ignored) == 1 else 'them'} out, or use algorithm = 'ppo'"
+                f"{', '.join(ignored)} would be ignored: leave {'it' if len(ignored) == 1 else 'them'} out, or use "
+                "algorithm = 'ppo' (DPO's tie to its reference is trainer.dpo.beta)"
             )
         if self.processes != 1:
             raise ValueError(

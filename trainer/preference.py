@@ -107,7 +107,7 @@ class PairGroup:
 
 
 @dataclass
-class _Packed:
+class PackedGroup:
     """A PairGroup packed for the forward: its prefix groups, the response each belongs to, and the frozen
     reference's summed logprobs per response (None: reference-free)."""
 
@@ -128,19 +128,19 @@ def pair_groups(sessions: list[SessionSamples], cfg: TrainerConfig) -> list[Pair
     return out
 
 
-def _pack(unit: PairGroup, tokens_per_microbatch: int, pad_id: int) -> _Packed:
+def pack_group(unit: PairGroup, tokens_per_microbatch: int, pad_id: int) -> PackedGroup:
     groups, owner = [], []
     for k, samples in enumerate(unit.responses):
         for g in pack(samples, tokens_per_microbatch, pad_id):
             groups.append(g)
             owner.append(k)
-    return _Packed(groups, owner, unit.pairs, len(unit.responses))
+    return PackedGroup(groups, owner, unit.pairs, len(unit.responses))
 
 
-def _passes(units: list[_Packed], tokens: int, fits: Any) -> list[list[_Packed]]:
+def _passes(units: list[PackedGroup], tokens: int, fits: Any) -> list[list[PackedGroup]]:
     """Consecutive units in forward passes of at most `tokens` padded tokens (and, with `fits`, memory); a unit is
     never split (its pairs' loss needs all of its responses), so one over the budget gets a pass of its own."""
-    out: list[list[_Packed]] = []
+    out: list[list[PackedGroup]] = []
     for unit in units:
         grown = [*out[-1], unit] if out else []
         groups = [g for u in grown for g in u.groups]
@@ -151,7 +151,9 @@ def _passes(units: list[_Packed], tokens: int, fits: Any) -> list[list[_Packed]]
     return out
 
 
-def _sums(model: Any, chunk: list[_Packed], device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def response_sums(
+    model: Any, chunk: list[PackedGroup], device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per unit of one pass: each response's summed logprobs (S,) and its token count (S,)."""
     groups = [g for u in chunk for g in u.groups]
     logps = iter(group_logprobs(model, groups, device)[0])
@@ -167,15 +169,15 @@ def _sums(model: Any, chunk: list[_Packed], device: torch.device) -> list[tuple[
     return out
 
 
-def _reference_sums(reference: Reference, units: list[_Packed], cfg: TrainerConfig, device: torch.device) -> None:
+def reference_sums(reference: Reference, units: list[PackedGroup], cfg: TrainerConfig, device: torch.device) -> None:
     with torch.no_grad(), autocast_for(device, cfg.autocast_bf16), reference.active() as ref_model:
         for chunk in _passes(units, cfg.batch.tokens_per_microbatch, None):
-            for u, (sums, _) in zip(chunk, _sums(ref_model, chunk, device)):
+            for u, (sums, _) in zip(chunk, response_sums(ref_model, chunk, device)):
                 u.ref = sums
 
 
 def dpo_step(
-    model: Any, optimizer: torch.optim.Optimizer, units: list[_Packed], cfg: TrainerConfig, device: torch.device
+    model: Any, optimizer: torch.optim.Optimizer, units: list[PackedGroup], cfg: TrainerConfig, device: torch.device
 ) -> StepResult:
     """One optimizer step of `dpo_loss` averaged over the pairs of `units` (reference sums already on them)."""
     d = cfg.dpo
@@ -186,7 +188,7 @@ def dpo_step(
     sums_of: dict[str, float] = {}
     for chunk in _passes(units, cfg.batch.tokens_per_microbatch, microbatch_budget(model, cfg)):
         with autocast_for(device, cfg.autocast_bf16):
-            per_unit = _sums(model, chunk, device)
+            per_unit = response_sums(model, chunk, device)
         losses = []
         for u, (logp, lengths) in zip(chunk, per_unit):
             c, r = (torch.tensor(side, device=device) for side in zip(*u.pairs))
@@ -239,11 +241,11 @@ class Dpo:
         pad_id: int,
     ) -> StepResult | None:
         b = self.cfg.batch
-        units = [_pack(u, b.tokens_per_microbatch, pad_id) for u in samples]
+        units = [pack_group(u, b.tokens_per_microbatch, pad_id) for u in samples]
         if self.cfg.dpo.reference == "frozen":
             if reference is None:
                 raise ValueError("dpo.reference = 'frozen' needs the policy's frozen reference (trainer/policy.py)")
-            _reference_sums(reference, units, self.cfg, device)
+            reference_sums(reference, units, self.cfg, device)
         parts = [units[i :: b.minibatches] for i in range(b.minibatches)]
         result = None
         for _ in range(b.epochs):

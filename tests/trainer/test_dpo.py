@@ -22,7 +22,16 @@ from trainer import loop
 from trainer.config import DpoConfig, TrainerConfig
 from trainer.losses import dpo_loss
 from trainer.policy import Reference
-from trainer.preference import UNPAIRED, Dpo, PreferencePairs, _pack, _reference_sums, _sums, dpo_step, preference_pairs
+from trainer.preference import (
+    UNPAIRED,
+    Dpo,
+    PreferencePairs,
+    dpo_step,
+    pack_group,
+    preference_pairs,
+    reference_sums,
+    response_sums,
+)
 from trainer.selection import ZERO_VARIANCE, select
 
 CHOSEN = torch.tensor([-2.0, -1.0])
@@ -198,7 +207,7 @@ def tiny():
 def units(cfg: TrainerConfig, tokens: int):
     kept = [session("a0", "a", 1.0, [10, 11, 12]), session("a1", "a", 0.0, [20, 21])]
     kept += [session("b0", "b", 0.0, [30]), session("b1", "b", 1.0, [40, 41, 42, 43])]
-    return [_pack(u, tokens, 0) for u in Dpo(cfg).samples(kept)]
+    return [pack_group(u, tokens, 0) for u in Dpo(cfg).samples(kept)]
 
 
 def naive_sum(model, ids: list[int], prompt: int = 3) -> float:
@@ -209,7 +218,7 @@ def naive_sum(model, ids: list[int], prompt: int = 3) -> float:
 def test_response_sums_equal_a_plain_forward(tiny):
     cfg = TrainerConfig(algorithm="dpo")
     with torch.no_grad():
-        (a, la), (b, lb) = _sums(tiny, units(cfg, 1000), torch.device("cpu"))
+        (a, la), (b, lb) = response_sums(tiny, units(cfg, 1000), torch.device("cpu"))
         expected = [naive_sum(tiny, [5, 6, 7, *o]) for o in ([10, 11, 12], [20, 21], [30], [40, 41, 42, 43])]
     assert [*a.tolist(), *b.tolist()] == pytest.approx(expected, abs=1e-5)
     assert [*la.tolist(), *lb.tolist()] == [3, 2, 1, 4]
@@ -219,7 +228,7 @@ def grads_after_step(model, cfg: TrainerConfig, tokens: int) -> tuple[dict, dict
     model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the gradients only
     packed = units(cfg, tokens)
-    _reference_sums(Reference(copy.deepcopy(model)), packed, cfg, torch.device("cpu"))
+    reference_sums(Reference(copy.deepcopy(model)), packed, cfg, torch.device("cpu"))
     result = dpo_step(model, opt, packed, cfg, torch.device("cpu"))
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, result.stats
 
@@ -244,7 +253,7 @@ def test_a_step_raises_the_chosen_log_ratio_over_the_rejected(tiny):
     reference = Reference(copy.deepcopy(tiny).requires_grad_(False))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     packed = units(cfg, 1000)
-    _reference_sums(reference, packed, cfg, torch.device("cpu"))
+    reference_sums(reference, packed, cfg, torch.device("cpu"))
     first = dpo_step(model, opt, packed, cfg, torch.device("cpu"))
     second = dpo_step(model, opt, packed, cfg, torch.device("cpu"))
     assert first.stats["reward_margin"] == pytest.approx(0.0, abs=1e-6)
@@ -253,8 +262,8 @@ def test_a_step_raises_the_chosen_log_ratio_over_the_rejected(tiny):
     # reference-free: the same direction from the sums alone
     free = TrainerConfig(algorithm="dpo", dpo={"reference": "none"})
     with torch.no_grad():
-        (a, _), (b, _) = _sums(model, units(free, 1000), torch.device("cpu"))
-        (a0, _), (b0, _) = _sums(tiny, units(free, 1000), torch.device("cpu"))
+        (a, _), (b, _) = response_sums(model, units(free, 1000), torch.device("cpu"))
+        (a0, _), (b0, _) = response_sums(tiny, units(free, 1000), torch.device("cpu"))
     assert float((a[0] - a[1]) - (a0[0] - a0[1])) > 0 and float((b[1] - b[0]) - (b0[1] - b0[0])) > 0
 
 

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
         "proxy.engines",
         "proxy.tree_view", "rewards",
     ),
-    ("proxy.sessions", "proxy.completions", "proxy.rewards_service", "proxy.admission"),  # 3: services
+    ("proxy.sessions", "proxy.completions", "proxy.rewards_service", "proxy.admission", "proxy.online"),  # 3: services
     (  # 4: HTTP (the web UI included), trainer, adapters, evaluation
         "proxy.state", "proxy.app", "proxy.routes", "proxy.ui", "proxy.servers", "trainer", "adapters", "evaluation",
     ),

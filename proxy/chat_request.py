@@ -33,6 +33,8 @@ class ChatRequest:
     include_usage: bool = True
     n: int = 1
     max_tokens: int | None = None
+    clamp_max_tokens: bool = False  # a max_tokens past the context is served up to it, not refused
+    reasoning: bool = True  # False: the reply opens with an empty reasoning block (families with one)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0

@@ -160,15 +160,21 @@ class Renderer:
         tools: list[dict] | None,
         parent: ParentTokens | None,
         forced_prefix: str = "",
+        reasoning: bool = True,
     ) -> Prompt:
         """The prompt for `messages`, continuing `parent`'s exact tokens when it applies.
 
         `forced_prefix` (a required tool call's opening) follows the generation prompt; when that
-        prompt opens a reasoning block, the block is closed first."""
+        prompt opens a reasoning block, the block is closed first. Without `reasoning` the reply
+        opens with an empty reasoning block, as Qwen3's `enable_thinking=False` renders it (a
+        family without reasoning markers is unchanged)."""
         text = self.render(messages, tools, generation_prompt=True)
         think = self.parsers.reasoning
         reasoning_open = think is not None and text.rstrip().endswith(think.start)
-        if forced_prefix and reasoning_open:
+        if think is not None and not reasoning:
+            opening = "" if reasoning_open else f"{think.start}\n\n"
+            forced_prefix = f"{opening}{think.end}\n\n{forced_prefix}"
+        elif forced_prefix and reasoning_open:
             forced_prefix = f"{think.end}\n\n{forced_prefix}"
         full_text = text + forced_prefix
         shape = {"forced_prefix": forced_prefix, "reasoning_open": reasoning_open}

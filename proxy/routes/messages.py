@@ -22,6 +22,7 @@ from starlette.responses import Response, StreamingResponse
 
 from proxy.chat_request import ChatRequest, function_tool, reply_json_schema, tool_choice
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
+from proxy.config import ProxyConfig
 from proxy.conversation import normalize_messages
 from proxy.errors import APIError, invalid_request
 from proxy.routes.common import JsonRoute, anthropic_type, json_response, unless_disconnected
@@ -102,6 +103,15 @@ def _assistant_message(blocks: list[Block], p: str) -> dict[str, Any]:
     return msg
 
 
+def _system_text(content: str | list[Block], p: str) -> str:
+    if isinstance(content, str):
+        return content
+    for j, block in enumerate(content):
+        if block.type != "text":
+            raise invalid_request(f"{p}[{j}].type {block.type!r} is not supported in system turns (text only)", p)
+    return "\n".join(_text(block, f"{p}[{j}]") for j, block in enumerate(content))
+
+
 def to_chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if isinstance(body.system, str):
@@ -111,17 +121,29 @@ def to_chat_messages(body: MessagesRequest) -> list[dict[str, Any]]:
     tool_use_ids: set[str] = set()
     for i, msg in enumerate(body.messages):
         p = f"messages[{i}].content"
-        blocks = _blocks(msg.content)
-        if msg.role == "user":
-            out += _user_messages(blocks, p, tool_use_ids)
+        if msg.role == "system":  # a system turn in place (Claude Code's per-turn context)
+            out.append({"role": "system", "content": _system_text(msg.content, p)})
+        elif msg.role == "user":
+            out += _user_messages(_blocks(msg.content), p, tool_use_ids)
         else:
-            out.append(_assistant_message(blocks, p))
+            out.append(_assistant_message(_blocks(msg.content), p))
             tool_use_ids.update(call["id"] for call in out[-1].get("tool_calls", []))
     return out
 
 
 def _tools(body: MessagesRequest) -> tuple[list[dict], str | dict]:
-    tools = [function_tool(t.name, t.description, t.input_schema) for t in body.tools or ()]
+    """Custom tools in canonical form (deferred ones left out) and the tool choice."""
+    server = [f"{t.name} ({t.type})" for t in body.tools or () if t.type not in (None, "custom")]
+    if server:
+        raise invalid_request(
+            f"server tools are not supported, only custom tools with an input_schema: {', '.join(server)}", "tools"
+        )
+    tools = []
+    for i, t in enumerate(body.tools or ()):
+        if t.input_schema is None:
+            raise invalid_request(f"tools[{i}].input_schema is required", f"tools[{i}].input_schema")
+        if not t.defer_loading:
+            tools.append(function_tool(t.name, t.description, t.input_schema))
     choice = body.tool_choice
     if choice is None:
         return tools, "auto"
@@ -129,18 +151,28 @@ def _tools(body: MessagesRequest) -> tuple[list[dict], str | dict]:
         if not choice.name:
             raise invalid_request("tool_choice.name is required with type 'tool'", "tool_choice.name")
         return tools, tool_choice(None, choice.name, tools)
+    if choice.type == "any" and not tools:
+        raise invalid_request("tool_choice 'any' needs tools", "tool_choice")
     return tools, tool_choice({"auto": "auto", "any": "required", "none": "none"}[choice.type], None, tools)
 
 
-def messages_request(body: MessagesRequest) -> ChatRequest:
+def messages_request(body: MessagesRequest, cfg: ProxyConfig) -> ChatRequest:
+    """The call `body` asks for. Clients send a fixed `max_tokens` (Claude Code: 32000 or more):
+    it is capped at `[proxy] messages_max_tokens_cap` and, with `messages_max_tokens = "clamp"`,
+    at what the context leaves (the reply then ends with stop_reason max_tokens)."""
     tools, choice = _tools(body)
+    max_tokens = body.max_tokens
+    if max_tokens is not None and cfg.messages_max_tokens_cap:
+        max_tokens = min(max_tokens, cfg.messages_max_tokens_cap)
     fmt = body.output_config.format if body.output_config is not None else None
     fmt = fmt or body.output_format
     return ChatRequest(
         model=body.model,
         messages=normalize_messages(to_chat_messages(body)),
         stream=body.stream,
-        max_tokens=body.max_tokens,
+        max_tokens=max_tokens,
+        clamp_max_tokens=cfg.messages_max_tokens == "clamp",
+        reasoning=body.thinking is None or body.thinking.type != "disabled",
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=body.top_k or 0,
@@ -212,7 +244,7 @@ async def create_message(
 ) -> Response:
     """Errors leave in Anthropic's shape (the app's handlers know this route)."""
     started = time.perf_counter()
-    chat = messages_request(body)
+    chat = messages_request(body, state.cfg.proxy)
     turn = await completions.prepare(caller, chat, "messages", "msg_")
     model = chat.model or state.served_name
     headers = {"request-id": turn.response_id, "x-areal-session-id": turn.session_id}
@@ -311,8 +343,8 @@ async def _stream(
 
 @router.post("/v1/messages/count_tokens")
 @router.post("/sessions/{session_id}/v1/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, caller: CallerDep, completions: Completions) -> Response:
+async def count_tokens(body: CountTokensRequest, caller: CallerDep, completions: Completions, state: State) -> Response:
     """`{"input_tokens": N}`: the length of the prompt a Messages call with this body would start
     from (as a new root: rendered, not continued). Nothing is recorded."""
-    input_tokens = await completions.count_prompt_tokens(caller, messages_request(body))
+    input_tokens = await completions.count_prompt_tokens(caller, messages_request(body, state.cfg.proxy))
     return json_response({"input_tokens": input_tokens})

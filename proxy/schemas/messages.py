@@ -3,10 +3,13 @@
 Anthropic's ranges: `max_tokens` required, temperature 0–1, `top_k` ≥ 0, at most 16
 `stop_sequences`. Content is a string or blocks: `text`, `tool_use`, `tool_result` (its content
 a string or text blocks), `thinking` and `redacted_thinking`; images and documents are refused
-by name. Tools are custom tools with an `input_schema`. Structured outputs
-(`output_config.format`, or the beta's `output_format`: type `json_schema`) hold the reply to a
-schema. `metadata`, `thinking`, `cache_control` and other fields clients send are accepted;
-unknown ones ignored.
+by name. A `system` entry inside `messages` (Claude Code sends one after the first user turn) is
+a system turn in place. Tools are custom tools with an `input_schema`; server tools (a `type`
+such as `web_search_20250305`) are parsed so that the route can refuse them by name. Structured
+outputs (`output_config.format`, or the beta's `output_format`: type `json_schema`) hold the
+reply to a schema. `thinking` is `enabled` (with `budget_tokens`), `adaptive` or `disabled`.
+`metadata`, `output_config.effort`, `context_management`, `cache_control` and other fields
+clients send are accepted; unknown ones ignored.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class Block(Wire):
 
 
 class Message(Wire):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | Annotated[list[Block], Field(max_length=MAX_PARTS)]
 
 
@@ -63,11 +66,14 @@ class SystemBlock(Wire):
 
 
 class CustomTool(Wire):
-    type: Literal["custom"] | None = None
-    """Custom tools only; server tools (web search, code execution) are not served here."""
+    type: Annotated[str, Field(max_length=128)] | None = None
+    """`custom` (or absent); any other type is a server tool (web search, code execution), refused."""
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
     description: str | None = None
-    input_schema: JsonObject
+    input_schema: JsonObject | None = None
+    """Required of custom tools; server tools have none."""
+    defer_loading: bool | None = None
+    """Tool search's deferred tools: left out of the prompt until the client sends them undeferred."""
     cache_control: JsonObject | None = None
 
 
@@ -86,6 +92,16 @@ class OutputFormat(Wire):
 
 class OutputConfig(Wire):
     format: OutputFormat | None = None
+    effort: Annotated[str, Field(max_length=64)] | None = None
+    """`low` … `max`: accepted, not applied (the served model has no effort setting)."""
+
+
+class Thinking(Wire):
+    type: Literal["enabled", "adaptive", "disabled"]
+    """`disabled` opens the reply with an empty reasoning block (models with one); else it reasons freely."""
+    budget_tokens: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    """Accepted, not enforced: the reply's reasoning counts against max_tokens."""
+    display: Annotated[str, Field(max_length=64)] | None = None
 
 
 class MessagesRequest(Wire):
@@ -103,7 +119,9 @@ class MessagesRequest(Wire):
     tools: Annotated[list[CustomTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     metadata: JsonObject | None = None
-    thinking: JsonObject | None = None
+    thinking: Thinking | None = None
+    context_management: JsonObject | None = None
+    """Accepted, not applied: the client's messages are the prompt as sent."""
     output_format: OutputFormat | None = None
     """The structured-outputs beta's spelling of `output_config.format`."""
     output_config: OutputConfig | None = None

@@ -184,7 +184,8 @@ def test_stop_sequence(proxy):
     [
         ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, 400),  # max_tokens is required
         ({"model": "m", "max_tokens": 4, "messages": []}, 400),
-        ({"model": "m", "max_tokens": 4, "messages": [{"role": "system", "content": "hi"}]}, 400),
+        ({"model": "m", "max_tokens": 4, "messages": [{"role": "tool", "content": "hi"}]}, 400),
+        ({"model": "m", "max_tokens": 4, "messages": [{"role": "system", "content": [{"type": "image"}]}]}, 400),
         (
             {
                 "model": "m",

@@ -75,7 +75,7 @@ class ProxyConfig(Section):
     messages_max_tokens: Literal["clamp", "refuse"] = "clamp"
     """A Messages API call whose max_tokens is more than the context leaves: `clamp` samples up to the
     context (stop_reason max_tokens; Anthropic clients send a fixed maximum such as 32000), `refuse`
-    answers 400. Chat Completions and Responses calls always refuse."""
+    answers 422 context_length_exceeded. Chat Completions and Responses calls always refuse."""
     messages_max_tokens_cap: int = Field(default=0, ge=0)
     """Longest reply a Messages API call samples whatever its max_tokens (stop_reason max_tokens);
     0: no cap but the context. Claude Code asks for 32000 or more on every call."""

@@ -337,6 +337,18 @@ class SftConfig(Section):
     not count n times."""
 
 
+class DistillConfig(Section):
+    """On-policy distillation (`trainer/distill.py`): each sampled token's advantage is the teacher's logprob less
+    the behaviour's, the per-token reverse-KL reward on the student's own samples. Used with
+    trainer.algorithm = "distill"."""
+
+    teacher: str = ""
+    """The teacher: a Hugging Face id, a local model path, or a trainer checkpoint (its `model` folder is used);
+    it must share the student's tokenizer."""
+    reward_coef: float = Field(default=0.0, ge=0.0)
+    """Add this many times each session's return to the token advantages (0: the teacher alone)."""
+
+
 class TrainerConfig(Section):
     model: str = ""
     """Model to train; empty uses [engine] model."""
@@ -400,14 +412,17 @@ class TrainerConfig(Section):
     running_mean: Strategy[RunningMeanConfig] = None
     """Present: a running-mean baseline per prompt or task instead of the group's (online RL's ungrouped
     episodes; off when absent or false)."""
-    algorithm: Literal["ppo", "dpo", "sft"] = "ppo"
+    algorithm: Literal["ppo", "dpo", "sft", "distill"] = "ppo"
     """How a step learns from its claimed sessions: decoupled PPO on group advantages, DPO on pairs of a group's
-    sessions whose rewards differ ([trainer.dpo]), or supervised fine-tuning on those whose reward passes a
-    threshold ([trainer.sft]); the same claims, checkpoints and weight pushes for each."""
+    sessions whose rewards differ ([trainer.dpo]), supervised fine-tuning on those whose reward passes a
+    threshold ([trainer.sft]), or on-policy distillation from a teacher's token logprobs ([trainer.distill]);
+    the same claims, checkpoints and weight pushes for each."""
     dpo: DpoConfig = Field(default_factory=DpoConfig)
     """DPO's pairs, β and reference (with algorithm = "dpo")."""
     sft: SftConfig = Field(default_factory=SftConfig)
     """Which sessions supervised fine-tuning trains on (with algorithm = "sft")."""
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    """The teacher of on-policy distillation (with algorithm = "distill")."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
@@ -437,6 +452,8 @@ class TrainerConfig(Section):
     def _check_algorithm(self) -> TrainerConfig:
         if self.algorithm == "ppo":
             return self
+        if self.algorithm == "distill" and not self.distill.teacher:
+            raise ValueError("trainer.algorithm 'distill' needs trainer.distill.teacher (a model id, path, checkpoint)")
         unused = {
             "[trainer.critic]": self.critic is not None,
             "[trainer.pods]": self.pods is not None,

@@ -33,7 +33,7 @@ from proxy.runtime.model_files import resolve_model
 from proxy.store.claims import claim_batch, end_step, mark_skipped, release_after, settle_through
 from proxy.store.db import Database
 from proxy.store.samples import SessionSamples, load_samples
-from trainer import audit, checkpoint, critic, distributed, policy, preference, sft
+from trainer import audit, checkpoint, critic, distill, distributed, policy, preference, sft
 from trainer.batch import build_samples, pack
 from trainer.metrics import MetricsSink, StallWatch
 from trainer.schedule import lr_factor, progress
@@ -52,7 +52,7 @@ from trainer.weights import WeightSync, default_weights_dir
 log = logging.getLogger("areal_trainer")
 
 # trainer.algorithm other than "ppo": its selectors, samples and optimizer steps replace PPO's.
-LEARNERS = {"dpo": preference.Dpo, "sft": sft.Sft}
+LEARNERS = {"dpo": preference.Dpo, "sft": sft.Sft, "distill": distill.Distill}
 
 
 def proxy_url(cfg: Config) -> str:
@@ -382,6 +382,7 @@ class Trainer:
     def _optimize(self, samples: list, step: int) -> StepResult | None:
         self._set_lr(step)
         if self.learner is not None:  # one process (config.py refuses more)
+            self.learner.version = self.state.version
             return self.learner.train(
                 self.model, self.optimizer, samples, self.device, self.policy.reference, self.pad_id
             )

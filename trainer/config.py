@@ -458,6 +458,7 @@ class TrainerConfig(Section):
             "[trainer.critic]": self.critic is not None,
             "[trainer.pods]": self.pods is not None,
             "[trainer.unsolved]": self.unsolved is not None,
+            "[trainer.running_mean]": self.running_mean is not None,
             "trainer.loss.kl_coef": self.loss.kl_coef > 0,
         }
         ignored = [name for name, on in unused.items() if on]

@@ -188,6 +188,7 @@ def test_config_refuses_what_dpo_and_sft_would_ignore():
     for bad, match in (
         ({"algorithm": "dpo", "critic": {}}, r"\[trainer.critic\] would be ignored"),
         ({"algorithm": "sft", "unsolved": {"advantage": -0.1}}, r"\[trainer.unsolved\]"),
+        ({"algorithm": "dpo", "running_mean": {}}, r"\[trainer.running_mean\]"),
         ({"algorithm": "dpo", "loss": {"kl_coef": 0.1}}, "kl_coef"),
         ({"algorithm": "dpo", "pods": {"keep": 2}, "critic": {}}, r"\[trainer.critic\], \[trainer.pods\]"),
         ({"algorithm": "sft", "processes": 2}, "one trainer process"),

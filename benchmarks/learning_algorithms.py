@@ -5,7 +5,8 @@ For each `--algorithm` it runs `areal-proxy train examples/arithmetic/config.tom
 decayed schedule ends with the run), stops it after `--minutes` of wall clock (Ctrl-C semantics: the trainer
 checkpoints), and evaluates the last checkpoint on the example's held-out problems, sampled at T=1 and greedy.
 Each algorithm's result is written to `<out>/<algorithm>.json` and the table of every result in `<out>` to
-`<out>/results.md`, so algorithms can be run one invocation at a time and still land in one table.
+`<out>/results.md`, so algorithms can be run one invocation at a time and still land in one table
+(`--eval-only` evaluates runs already trained, for a machine where training and evaluating at once take too long).
 
     python benchmarks/learning_algorithms.py --algorithm dpo sft ppo --minutes 30 --out docs/experiments/algorithms
     python benchmarks/learning_algorithms.py --algorithm dpo --minutes 3 --max-tasks 40 --out /tmp/smoke  # smoke
@@ -129,6 +130,9 @@ def main() -> None:
         parser.add_argument(f"--{name}-set", dest=f"{name}_overrides", action="append", default=[])
     parser.add_argument("--max-tasks", type=int, default=0, help="evaluate on the first N held-out problems (0: all)")
     parser.add_argument("--skip-eval", action="store_true", help="no held-out evaluation: the runs' steps only")
+    parser.add_argument(
+        "--eval-only", action="store_true", help="evaluate the runs already in --out (and --run-dir), training none"
+    )
     parser.add_argument("--baseline", action="store_true", help="also evaluate the untrained model")
     args = parser.parse_args()
     from proxy.runtime.model_files import DEFAULT_MODEL
@@ -142,8 +146,12 @@ def main() -> None:
         base = {"algorithm": "untrained", "eval": evaluate(DEFAULT_MODEL, evals_db, args.device, args.max_tasks)}
         (out / "untrained.json").write_text(json.dumps(base, indent=2))
     for algorithm in args.algorithm:
-        print(f"training with {algorithm} for {args.minutes} minutes ...", flush=True)
-        result = train(algorithm, args, root / algorithm)
+        if args.eval_only:
+            result = json.loads((out / f"{algorithm}.json").read_text())
+        else:
+            print(f"training with {algorithm} for {args.minutes} minutes ...", flush=True)
+            result = train(algorithm, args, root / algorithm)
+            (out / f"{algorithm}.json").write_text(json.dumps(result, indent=2))
         if not args.skip_eval and result["checkpoint"]:
             print(f"evaluating {result['checkpoint']} ...", flush=True)
             result["eval"] = evaluate(result["checkpoint"], evals_db, args.device, args.max_tasks)

@@ -277,7 +277,7 @@ def scored_groups(proxy, rewards: list[list[float]]) -> None:
     for g, group in enumerate(rewards):
         created = proxy.post("/sessions", json={"count": len(group), "group_id": f"g{g}", "task_id": f"t{g}"})
         for s, reward in zip(created.json()["data"], group):
-            assert httpx.post(s["base_url"] + "/chat/completions", json=OPEN, timeout=120).status_code == 200
+            assert httpx.post(s["base_url"] + "/chat/completions", json=OPEN, timeout=600).status_code == 200
             assert proxy.post(f"/sessions/{s['session_id']}/finish", json={"reward": reward}).status_code == 200
 
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 
 import anthropic
+import pytest
 
 from tests.adapters.conftest import assert_chain, episode_nodes
+
+pytestmark = pytest.mark.agents  # also run on the newest client releases (.ci/run)
 
 SYSTEM = "You are a calculator. Use the tools, then state the result."
 TOOLS = [

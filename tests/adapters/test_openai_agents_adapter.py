@@ -17,6 +17,8 @@ from agents.tracing.processors import default_processor
 from adapters.openai_agents import session_model, session_run_config
 from tests.adapters.conftest import assert_chain, calculator, episode_nodes
 
+pytestmark = pytest.mark.agents  # also run on the newest client releases (.ci/run)
+
 AGENTS = {"add": calculator("add"), "multiply": calculator("multiply")}
 # (api, binding, forced tool, question, tool output)
 EPISODES = [

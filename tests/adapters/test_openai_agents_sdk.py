@@ -19,6 +19,8 @@ from agents.tracing.processors import default_processor
 
 from tests.adapters.conftest import calculator
 
+pytestmark = pytest.mark.agents  # also run on the newest client releases (.ci/run)
+
 # (forced tool, question, expected tool output, streamed?)
 EPISODES = [
     ("add", "What is 7 plus 5?", "12", False),

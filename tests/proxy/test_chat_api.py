@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import reuse_after_idle
 
+pytestmark = pytest.mark.agents  # also run on the newest client releases (.ci/run)
+
 WEATHER = {
     "type": "function",
     "function": {

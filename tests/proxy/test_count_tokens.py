@@ -8,6 +8,8 @@ import pytest
 
 from tests.proxy.test_messages_api import SYSTEM, WEATHER, client_for
 
+pytestmark = pytest.mark.agents  # also run on the newest client releases (.ci/run)
+
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
 RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny, 21 C"}

@@ -8,6 +8,8 @@ import httpx
 import openai
 import pytest
 
+pytestmark = pytest.mark.agents  # also run on the newest client releases (.ci/run)
+
 INSTRUCTIONS = "You are a weather assistant. Always call get_weather with the city the user names."
 WEATHER = {
     "type": "function",

@@ -30,13 +30,12 @@ from proxy.schemas.common import (
     Wire,
 )
 
-BlockType = Literal["text", "tool_use", "tool_result", "thinking", "redacted_thinking"]
-
 
 class Block(Wire):
     """One content block; which fields apply depends on `type`."""
 
-    type: BlockType
+    type: Annotated[str, Field(max_length=64)]
+    """`text`, `tool_use`, `tool_result`, `thinking`, `redacted_thinking`; the route refuses any other by name."""
     text: str | None = None
     id: Id | None = None
     """tool_use: the call's id."""

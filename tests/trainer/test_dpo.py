@@ -225,6 +225,24 @@ def test_response_sums_equal_a_plain_forward(tiny):
     assert [*la.tolist(), *lb.tolist()] == [3, 2, 1, 4]
 
 
+def test_a_multi_turn_response_sums_every_turn(tiny):
+    """A session's response is all it sampled: its turns run as separate prefix groups and their sums add up."""
+    two_turns = session("m0", "m", 1.0, [10, 11])
+    second = copy.deepcopy(two_turns.individual[0])
+    second.completion_id, second.parent_id, second.turn = "c-m0-2", "c-m0", 1
+    second.prompt_ids, second.output_ids = [5, 6, 7, 10, 11, 8], [12, 13]
+    second.behav_logprobs, second.versions = [-1.0, -1.0], [0, 0]
+    two_turns.individual.append(second)
+    cfg = TrainerConfig(algorithm="dpo")
+    unit = pack_group(Dpo(cfg).samples([two_turns, session("m1", "m", 0.0, [30])])[0], 1000, 0)
+    assert unit.owner == [0, 0, 1], "two prefix groups for the first response, one for the second"
+    with torch.no_grad():
+        [(sums, lengths)] = response_sums(tiny, [unit], torch.device("cpu"))
+        expected = naive_sum(tiny, [5, 6, 7, 10, 11]) + naive_sum(tiny, [5, 6, 7, 10, 11, 8, 12, 13], prompt=6)
+    assert float(sums[0]) == pytest.approx(expected, abs=1e-5)
+    assert lengths.tolist() == [4, 1]
+
+
 def grads_after_step(model, cfg: TrainerConfig, tokens: int) -> tuple[dict, dict]:
     model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the gradients only

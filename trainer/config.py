@@ -347,6 +347,10 @@ class DistillConfig(Section):
     it must share the student's tokenizer."""
     reward_coef: float = Field(default=0.0, ge=0.0)
     """Add this many times each session's return to the token advantages (0: the teacher alone)."""
+    whiten: bool = True
+    """Centre the step's token rewards on their mean and divide by their std: a baseline and a scale, as GRPO's,
+    which keep the policy gradient's variance and step size in check (the raw rewards are mostly negative,
+    with long tails); off uses the rewards as they are."""
 
 
 class TrainerConfig(Section):

@@ -6,12 +6,13 @@ reverse-KL reward
 
     A_t = log π_teacher(y_t | y_<t) − log π_behaviour(y_t | y_<t)
 
-with no discounting across tokens: the negative of the sampled estimate of KL(π_student ‖ π_teacher) at
-that token, the student's own sampling policy standing in for the student (Agarwal et al. 2024, GKD,
-arXiv 2306.13649; Gu et al. 2024, MiniLLM, arXiv 2306.08543). The step is the trainer's decoupled PPO
-step on those advantages (clipping and the behaviour weight as configured), so staleness is handled
-as for RL. `distill.reward_coef` > 0 adds that many times the session's return, for distillation
-beside a task reward.
+with no discounting across tokens (whitened over the step's sampled tokens with `distill.whiten`, the
+default): the negative of the sampled estimate of KL(π_student ‖ π_teacher) at that token, the
+student's own sampling policy standing in for the student (Agarwal et al. 2024, GKD, arXiv
+2306.13649; Gu et al. 2024, MiniLLM, arXiv 2306.08543). The step is the trainer's decoupled PPO step
+on those advantages (clipping and the behaviour weight as configured), so staleness is handled as
+for RL. `distill.reward_coef` > 0 adds that many times the session's return, for distillation beside
+a task reward.
 
 The teacher is a local model (a Hugging Face id, a path, or a checkpoint of an earlier run: its
 `model` folder), loaded frozen on the trainer's device; it must share the student's tokenizer.
@@ -79,16 +80,23 @@ class Distill:
         return [replace(x, advantages=[a * coef for a in x.advantages]) for x in built]
 
     def teach(self, groups: list[PrefixGroup], device: torch.device) -> dict[str, float]:
-        """Add the reverse-KL token rewards to each group's advantages; the mean sampled KL estimate."""
-        total, count = 0.0, 0
+        """Add the reverse-KL token rewards to each group's advantages (whitened over the step's sampled
+        tokens with `distill.whiten`); the mean sampled KL estimate."""
+        rewards, order = [], []
         with torch.no_grad(), autocast_for(device, self.cfg.autocast_bf16):
             for chunk in microbatches(groups, self.cfg.batch.tokens_per_microbatch):
                 for group, teacher_lp in zip(chunk, group_logprobs(self.teacher, chunk, device)[0], strict=True):
-                    reward = token_rewards(teacher_lp.cpu().float(), group.behav_logprobs.float(), group.loss_mask)
-                    group.advantages = group.advantages + reward
-                    total -= float(reward.sum())
-                    count += int(group.loss_mask.sum())
-        return {"distill_kl": total / max(count, 1)}
+                    behaviour = group.behav_logprobs.float()
+                    rewards.append(token_rewards(teacher_lp.cpu().float(), behaviour, group.loss_mask))
+                    order.append(group)
+        sampled = torch.cat([r[g.loss_mask] for r, g in zip(rewards, order, strict=True)])
+        mean = float(sampled.mean()) if sampled.numel() else 0.0
+        std = float(sampled.std()) if sampled.numel() > 1 else 1.0
+        for reward, group in zip(rewards, order, strict=True):
+            if self.cfg.distill.whiten:
+                reward = torch.where(group.loss_mask, (reward - mean) / (std + 1e-6), torch.zeros_like(reward))
+            group.advantages = group.advantages + reward.to(group.advantages.dtype)
+        return {"distill_kl": -mean, "distill_reward_std": std}
 
     def train(
         self,

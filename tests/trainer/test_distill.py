@@ -67,7 +67,7 @@ def test_the_advantages_are_the_teachers_logprobs_less_the_behaviours():
     with torch.no_grad():
         behav = [plain_logprobs(student, PROMPT + o) for o in outputs]
         taught = [plain_logprobs(teacher, PROMPT + o) for o in outputs]
-    cfg = TrainerConfig(algorithm="distill", distill={"teacher": "unused"})
+    cfg = TrainerConfig(algorithm="distill", distill={"teacher": "unused", "whiten": False})
     learner = Distill(cfg, teacher=teacher)
     samples = learner.samples([session(f"s{i}", o, b, reward=3.0) for i, (o, b) in enumerate(zip(outputs, behav))])
     groups = pack(samples, 1000, 0)
@@ -80,6 +80,24 @@ def test_the_advantages_are_the_teachers_logprobs_less_the_behaviours():
         assert g == pytest.approx(e, abs=1e-5)
     kl = -sum(sum(e) for e in expected) / 5
     assert stats["distill_kl"] == pytest.approx(kl, abs=1e-5)
+
+
+def test_whitened_rewards_have_mean_0_and_std_1_over_the_sampled_tokens():
+    student, teacher = tiny_llama().eval(), tiny_llama(num_hidden_layers=3).eval()
+    outputs = [[10, 11, 12], [20, 21], [30, 31, 32, 33]]
+    with torch.no_grad():
+        behav = [plain_logprobs(student, PROMPT + o) for o in outputs]
+        raw = torch.tensor(
+            [t - b for o, bs in zip(outputs, behav) for t, b in zip(plain_logprobs(teacher, PROMPT + o), bs)]
+        )
+    learner = Distill(TrainerConfig(algorithm="distill", distill={"teacher": "unused"}), teacher=teacher)
+    groups = pack(learner.samples([session(f"s{i}", o, b) for i, (o, b) in enumerate(zip(outputs, behav))]), 1000, 0)
+    stats = learner.teach(groups, torch.device("cpu"))
+    got = torch.cat([g.advantages[g.loss_mask] for g in groups])
+    assert float(got.mean()) == pytest.approx(0.0, abs=1e-5) and float(got.std()) == pytest.approx(1.0, abs=1e-4)
+    assert sorted(got.tolist()) == pytest.approx(sorted(((raw - raw.mean()) / raw.std()).tolist()), abs=1e-4)
+    assert stats["distill_kl"] == pytest.approx(float(-raw.mean()), abs=1e-5)
+    assert all(float(g.advantages[~g.loss_mask].abs().sum()) == 0 for g in groups)
 
 
 def test_a_step_moves_the_student_towards_the_teacher():

@@ -29,7 +29,7 @@ from proxy.schemas.control import Feedback, Finish
 from proxy.sessions import SessionService
 from proxy.store.db import Database, StoreUnavailable
 from proxy.store.online import IdleEpisode, completion_for_response, idle_episodes, release_episode_key
-from proxy.store.sessions import touch_session
+from proxy.store.sessions import get_session, touch_session
 from proxy.store.turns import set_turn_reward
 
 log = logging.getLogger("areal_proxy")
@@ -71,9 +71,12 @@ class OnlineEpisodes:
                 raise not_found(f"no recorded answer has response id {body.response_id!r}", "response_id")
             if row.eval:
                 raise conflict(f"{body.response_id} belongs to an evaluation session, which is never trained on")
-            if row.status != "open":
+            # The session's row held (PostgreSQL) until commit: a sweep finishing it meanwhile sees this reward
+            # or ends it first and this feedback is refused, never accepted and lost.
+            status = get_session(conn, row.session_id, lock=True).status
+            if status != "open":
                 raise conflict(
-                    f"the episode of {body.response_id} ({row.session_id}) has ended ({row.status}); "
+                    f"the episode of {body.response_id} ({row.session_id}) has ended ({status}); "
                     "feedback must arrive before it is scored"
                 )
             if row.superseded_by is not None:

@@ -64,11 +64,8 @@ def main() -> int:
     finally:
         stop_process(train, 120)
     metrics = [json.loads(x) for x in (tmp / "run" / "metrics.jsonl").read_text().splitlines() if x]
-    evals = [
-        {k: m[k] for k in ("step", "eval_accuracy", "eval_accuracy_low", "eval_accuracy_high", "eval_version") if k in m}
-        for m in metrics
-        if "eval_accuracy" in m
-    ]
+    keep = ("step", "eval_accuracy", "eval_accuracy_low", "eval_accuracy_high", "eval_version")
+    evals = [{k: m[k] for k in keep if k in m} for m in metrics if "eval_accuracy" in m]
     steps = [m for m in metrics if "reward_mean" in m]
     result = {
         "date": time.strftime("%Y-%m-%d"),

@@ -150,4 +150,3 @@ class OnlineEpisodes:
                 continue
             if counts:
                 log.info("online episodes ended: %s", counts)
-

@@ -27,11 +27,10 @@ from typing import Any
 import torch
 
 from proxy.store.samples import SessionSamples
-from trainer.batch import PrefixGroup, Sample, build_samples, pack
+from trainer.batch import PrefixGroup, Sample, build_samples
 from trainer.config import TrainerConfig
-from trainer.policy import Reference
 from trainer.selection import Selection, Selector
-from trainer.step import StepResult, autocast_for, group_logprobs, microbatches, train_step
+from trainer.step import autocast_for, group_logprobs, microbatches
 
 
 def token_rewards(teacher: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -65,13 +64,14 @@ def load_teacher(name: str, device: torch.device, cache_dir: str = "") -> Any:
 
 
 class Distill:
-    """The trainer loop's learner for trainer.algorithm = "distill"."""
+    """What trainer.algorithm = "distill" changes in the trainer loop: its selector, its samples (no group
+    advantages), and the teacher's token rewards added to the packed groups before PPO's passes
+    (`Trainer._passes`, whose step, proximal recomputation and minibatches are the same as for RL)."""
 
     def __init__(self, cfg: TrainerConfig, teacher: Any = None) -> None:
         self.cfg = cfg
         self.selectors: list[Selector] = [KeepAll()]
         self.teacher = teacher  # loaded on the first step (the trainer's device is known then)
-        self.version = 0  # the trainer's policy version, set by the loop before each step
 
     def samples(self, sessions: list[SessionSamples]) -> list[Sample]:
         zero = {s.session_id: 0.0 for s in sessions}
@@ -82,6 +82,8 @@ class Distill:
     def teach(self, groups: list[PrefixGroup], device: torch.device) -> dict[str, float]:
         """Add the reverse-KL token rewards to each group's advantages (whitened over the step's sampled
         tokens with `distill.whiten`); the mean sampled KL estimate."""
+        if self.teacher is None:
+            self.teacher = load_teacher(self.cfg.distill.teacher, device)
         rewards, order = [], []
         with torch.no_grad(), autocast_for(device, self.cfg.autocast_bf16):
             for chunk in microbatches(groups, self.cfg.batch.tokens_per_microbatch):
@@ -97,27 +99,3 @@ class Distill:
                 reward = torch.where(group.loss_mask, (reward - mean) / (std + 1e-6), torch.zeros_like(reward))
             group.advantages = group.advantages + reward.to(group.advantages.dtype)
         return {"distill_kl": -mean, "distill_reward_std": std}
-
-    def train(
-        self,
-        model: Any,
-        optimizer: torch.optim.Optimizer,
-        samples: list[Sample],
-        device: torch.device,
-        reference: Reference | None,
-        pad_id: int,
-    ) -> StepResult | None:
-        if self.teacher is None:
-            self.teacher = load_teacher(self.cfg.distill.teacher, device)
-        b = self.cfg.batch
-        groups = pack(samples, b.tokens_per_microbatch, pad_id)
-        stats = self.teach(groups, device)
-        parts = [groups[i :: b.minibatches] for i in range(b.minibatches)]
-        result = None
-        for _ in range(b.epochs):
-            for part in (p for p in parts if p):
-                args = (model, optimizer, part, self.cfg, device, self.version, reference)
-                result = train_step(*args, keep_proximal=b.epochs > 1)
-        if result is not None:
-            result.stats.update(stats)
-        return result

@@ -51,8 +51,9 @@ from trainer.weights import WeightSync, default_weights_dir
 
 log = logging.getLogger("areal_trainer")
 
-# trainer.algorithm other than "ppo": its selectors, samples and optimizer steps replace PPO's.
-LEARNERS = {"dpo": preference.Dpo, "sft": sft.Sft, "distill": distill.Distill}
+# trainer.algorithm dpo / sft: its selectors, samples and optimizer steps replace PPO's. (distill keeps PPO's
+# step and adds the teacher's token rewards to its advantages: `Trainer.distiller`.)
+LEARNERS = {"dpo": preference.Dpo, "sft": sft.Sft}
 
 
 def proxy_url(cfg: Config) -> str:
@@ -114,12 +115,12 @@ class Trainer:
         self.stall = StallWatch(self.tcfg.stall_steps)
         learner = LEARNERS.get(self.tcfg.algorithm)
         self.learner = learner(self.tcfg) if learner is not None else None
+        self.distiller = distill.Distill(self.tcfg) if self.tcfg.algorithm == "distill" else None
         # [trainer.running_mean]: online RL's baseline, its means saved in each checkpoint
         rm = self.tcfg.running_mean
         self.running_means = RunningMeans(rm.decay, rm.max_keys) if rm is not None else None
-        self.selectors = (
-            self.learner.selectors if self.learner is not None else selectors(self.tcfg, self.running_means)
-        )
+        chooser = self.learner or self.distiller
+        self.selectors = chooser.selectors if chooser is not None else selectors(self.tcfg, self.running_means)
         self.claiming = claim_policy(self.tcfg)
         self.state = checkpoint.TrainerState()
         self.stopping = False
@@ -296,8 +297,8 @@ class Trainer:
     def _train(self, batch: _Batch, waited: float) -> None:
         t0 = time.time()
         sessions, train_on = batch.sessions, batch.kept
-        if self.learner is not None:
-            samples = self.learner.samples(train_on)
+        if (builder := self.learner or self.distiller) is not None:
+            samples = builder.samples(train_on)
         else:
             samples = build_samples(train_on, self.tcfg.batch.style, batch.baseline, batch.scale)
         step = self.state.step + 1
@@ -382,7 +383,6 @@ class Trainer:
     def _optimize(self, samples: list, step: int) -> StepResult | None:
         self._set_lr(step)
         if self.learner is not None:  # one process (config.py refuses more)
-            self.learner.version = self.state.version
             return self.learner.train(
                 self.model, self.optimizer, samples, self.device, self.policy.reference, self.pad_id
             )
@@ -400,6 +400,7 @@ class Trainer:
         if self.critic is not None:  # GAE advantages replace the group estimator's (single process)
             tpm, agg = b.tokens_per_microbatch, self.cfg.rewards.aggregate
             critic.prepare(self.critic, self.model, batches, self.tcfg.critic, self.device, tpm, agg)
+        taught = self.distiller.teach(batches, self.device) if self.distiller is not None else {}  # one process
         if b.minibatches * b.epochs > 1 and self.tcfg.loss.proximal == "recompute":
             own = [g for share in mine for g in share]
             if self.sharded is not None:
@@ -422,6 +423,8 @@ class Trainer:
                     )
                 if self.critic is not None:
                     result.stats.update(self._critic_step(part))
+        if result is not None:
+            result.stats.update(taught)
         return result
 
     def _joint(self) -> dict[str, Any]:

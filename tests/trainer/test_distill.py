@@ -19,6 +19,7 @@ from trainer.batch import pack
 from trainer.config import TrainerConfig
 from trainer.distill import Distill, KeepAll, token_rewards
 from trainer.selection import select
+from trainer.step import train_step
 
 PROMPT = [5, 6, 7]
 
@@ -122,7 +123,9 @@ def test_a_step_moves_the_student_towards_the_teacher():
         with torch.no_grad():
             behav = [plain_logprobs(student, PROMPT + o) for o in outputs]
         samples = learner.samples([session(f"s{i}", o, b) for i, (o, b) in enumerate(zip(outputs, behav))])
-        learner.train(student, opt, samples, torch.device("cpu"), None, 0)
+        groups = pack(samples, cfg.batch.tokens_per_microbatch, 0)
+        learner.teach(groups, torch.device("cpu"))
+        train_step(student, opt, groups, cfg, torch.device("cpu"), 0)  # PPO's step, as Trainer._passes runs it
     assert gap() < 0.8 * before
 
 

@@ -103,12 +103,34 @@ class Children:
         return next((c for c in codes if c not in (0, None)), codes[0])
 
 
-def progress_table(cfg: Config, run_dir: Path, runner: EpisodeRunner, started: float) -> Table:
-    table = Table(title=f"areal-proxy train — {run_dir}", show_header=False, min_width=60)
+def _trainer_table(title: str, cfg: Config, run_dir: Path) -> Table:
+    """The live table's frame and the trainer's rows (from its metrics file); each mode adds its own."""
+    table = Table(title=f"{title} — {run_dir}", show_header=False, min_width=60)
     table.add_column(style="bold")
     table.add_column()
     for row in progress_rows(run_dir, cfg.trainer.max_steps):
         table.add_row(*row)
+    return table
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event Ctrl-C or SIGTERM sets (where the loop can take signal handlers)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    return stop
+
+
+def _trainer_code(trainers: list[subprocess.Popen]) -> int:
+    """The first failed trainer process's exit code, else 0."""
+    codes = [t.poll() for t in trainers]
+    return next((c for c in codes if c not in (0, None)), 0)
+
+
+def progress_table(cfg: Config, run_dir: Path, runner: EpisodeRunner, started: float) -> Table:
+    table = _trainer_table("areal-proxy train", cfg, run_dir)
     s = runner.stats
     elapsed = max(time.time() - started, 1e-6)
     table.add_row("episodes finished / failed", f"{s.episodes_finished} / {s.episodes_failed}")
@@ -178,11 +200,7 @@ def launch(cfg: Config, config_path: str | None, online: bool = False) -> int:
 async def _supervise(
     cfg: Config, run_dir: Path, runner: EpisodeRunner, trainers: list[subprocess.Popen], console: Console
 ) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError):
-        loop.add_signal_handler(signal.SIGINT, stop.set)
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    stop = _stop_on_signals()
     started = time.time()
     rollout = asyncio.create_task(runner.run(stop))
     interactive = console.is_terminal
@@ -213,16 +231,11 @@ async def _supervise(
     (run_dir / "STOP").unlink(missing_ok=True)
     if interrupted:
         return 130
-    codes = [t.poll() for t in trainers]
-    return next((c for c in codes if c not in (0, None)), 0)
+    return _trainer_code(trainers)
 
 
 def online_table(cfg: Config, run_dir: Path, counts: dict, started: float) -> Table:
-    table = Table(title=f"areal-proxy train --online — {run_dir}", show_header=False, min_width=60)
-    table.add_column(style="bold")
-    table.add_column()
-    for row in progress_rows(run_dir, cfg.trainer.max_steps):
-        table.add_row(*row)
+    table = _trainer_table("areal-proxy train --online", cfg, run_dir)
     episodes = counts.get("episodes", {})
     table.add_row("episodes open / finished", f"{episodes.get('open', 0)} / {episodes.get('finished', 0)}")
     trained = episodes.get("consumed", 0) + episodes.get("training", 0)
@@ -234,11 +247,7 @@ def online_table(cfg: Config, run_dir: Path, counts: dict, started: float) -> Ta
 
 async def _supervise_online(cfg: Config, run_dir: Path, trainers: list[subprocess.Popen], console: Console) -> int:
     """Until the trainer ends (trainer.max_steps / max_minutes) or Ctrl-C: a progress table of the live episodes."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(NotImplementedError):
-        loop.add_signal_handler(signal.SIGINT, stop.set)
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
+    stop = _stop_on_signals()
     started = time.time()
     db = Database(cfg.store)
     last_print = 0.0
@@ -256,5 +265,4 @@ async def _supervise_online(cfg: Config, run_dir: Path, trainers: list[subproces
         db.close()
     if stop.is_set():
         return 130
-    codes = [t.poll() for t in trainers]
-    return next((c for c in codes if c not in (0, None)), 0)
+    return _trainer_code(trainers)

@@ -52,6 +52,41 @@ def tiny_llama(**overrides: object):
     return LlamaForCausalLM(LlamaConfig(**config))
 
 
+def one_turn_session(
+    sid: str,
+    output: list[int],
+    *,
+    group: str | None = None,
+    reward: float = 0.0,
+    behav: list[float] | None = None,
+    temperature: float = 1.0,
+    prompt: tuple[int, ...] = (5, 6, 7),
+):
+    """A claimed session as the trainer loads it, of one turn: `prompt` then `output` sampled with `behav`
+    logprobs (default -1 each), its group and task `group` (default: its own id)."""
+    from proxy.store.samples import IndividualSample, SessionSamples
+
+    group = group or sid
+    turn = IndividualSample(
+        session_id=sid,
+        group_id=group,
+        task_id=group,
+        completion_id=f"c-{sid}",
+        parent_id=None,
+        turn=0,
+        prompt_ids=list(prompt),
+        output_ids=output,
+        behav_logprobs=behav if behav is not None else [-1.0] * len(output),
+        versions=[0] * len(output),
+        ret=reward,
+        reward=reward,
+        session_reward=reward,
+        temperature=temperature,
+        finish_reason="stop",
+    )
+    return SessionSamples(sid, group, group, reward, 0, [turn], [])
+
+
 def reuse_after_idle(url: str, idle_s: float) -> None:
     """Two requests on one kept-alive connection, `idle_s` apart: the second must be answered.
 

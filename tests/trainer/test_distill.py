@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from proxy.config import load_config
-from proxy.store.samples import IndividualSample, SessionSamples
-from tests.conftest import run_server, tiny_llama
+from proxy.store.samples import SessionSamples
+from tests.conftest import one_turn_session, run_server, tiny_llama
 from trainer import loop
 from trainer.batch import pack
 from trainer.config import TrainerConfig
@@ -25,24 +25,7 @@ PROMPT = [5, 6, 7]
 
 
 def session(sid: str, output: list[int], behav: list[float], reward: float = 0.0) -> SessionSamples:
-    turn = IndividualSample(
-        session_id=sid,
-        group_id=sid,
-        task_id=None,
-        completion_id=sid + "-c",
-        parent_id=None,
-        turn=0,
-        prompt_ids=PROMPT,
-        output_ids=output,
-        behav_logprobs=behav,
-        versions=[0] * len(output),
-        ret=reward,
-        reward=reward,
-        session_reward=reward,
-        temperature=1.0,
-        finish_reason="stop",
-    )
-    return SessionSamples(sid, sid, None, reward, 0, [turn], [])
+    return one_turn_session(sid, output, behav=behav, reward=reward, prompt=tuple(PROMPT))
 
 
 def test_token_rewards_by_hand():

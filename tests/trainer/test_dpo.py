@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from proxy.config import load_config
-from proxy.store.samples import IndividualSample, SessionSamples
-from tests.conftest import run_server, tiny_llama
+from proxy.store.samples import SessionSamples
+from tests.conftest import one_turn_session, run_server, tiny_llama
 from trainer import loop
 from trainer.config import DpoConfig, TrainerConfig
 from trainer.losses import dpo_loss
@@ -125,24 +125,7 @@ def test_the_sessions_pairs_use_give_the_same_pairs_again(pairs, cap):
 
 
 def session(sid: str, group: str, reward: float, output: list[int]) -> SessionSamples:
-    turn = IndividualSample(
-        session_id=sid,
-        group_id=group,
-        task_id=group,
-        completion_id=f"c-{sid}",
-        parent_id=None,
-        turn=0,
-        prompt_ids=[5, 6, 7],
-        output_ids=output,
-        behav_logprobs=[-1.0] * len(output),
-        versions=[0] * len(output),
-        ret=reward,
-        reward=reward,
-        session_reward=reward,
-        temperature=0.7,
-        finish_reason="stop",
-    )
-    return SessionSamples(sid, group, group, reward, 0, [turn], [])
+    return one_turn_session(sid, output, group=group, reward=reward, temperature=0.7)
 
 
 def test_pairs_selected_from_a_claim_and_the_rest_skipped_with_reasons():

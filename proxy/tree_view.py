@@ -58,7 +58,7 @@ def node_fields(r: Any) -> dict[str, Any]:
         "temperature": r.temperature,
         "reward": r.reward,
         "return": r.ret,
-        "superseded_by": getattr(r, "superseded_by", None),  # a client's resend replaced it: never trained
+        "superseded_by": r.superseded_by,  # a client's resend replaced it: never trained
     }
 
 

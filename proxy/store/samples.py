@@ -152,7 +152,7 @@ def samples_for_session(session: Any, rows: list[Any]) -> SessionSamples:
         min_version=session.min_version,
         individual=individual,
         concat=concat,
-        prompt_key=(getattr(first, "request_hash", None) or "") if first is not None else "",
+        prompt_key=(first.request_hash or "") if first is not None else "",
     )
 
 

@@ -24,6 +24,8 @@ def row(id, parent, depth, prompt, prompt_len, output, ret=1.0):
         reward=None,
         temperature=1.0,
         finish_reason="stop",
+        request_hash=None,
+        superseded_by=None,
     )
 
 

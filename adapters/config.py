@@ -9,7 +9,7 @@ group. Pydantic only, so the CLI's `--help` stays instant.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -64,6 +64,10 @@ class RolloutConfig(Section):
     """An episode running longer than this ends its session as failed."""
     max_tasks: int = 0
     """Stop after this many tasks (0: the whole dataset, cycling until the trainer stops)."""
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    """Sampling temperature forced on every call of a training episode, whatever the agent asks (its
+    calls are recorded, and trained, at it). Unset: each call's own. For agents whose client cannot
+    set one (the Claude Code CLI behind the Claude Agent SDK sends none, so 1.0)."""
     seed: int = 0
     """Dataset shuffling seed, and the seed every group's sampling seed is derived from (with its group
     id), so a run's rollouts are reproducible."""

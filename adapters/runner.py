@@ -197,6 +197,7 @@ class EpisodeRunner:
             "metadata": task.get("metadata") or {},
             # Each group samples from its own seed: the run's rollouts are a function of its seeds.
             "seed": derive_seed(self.cfg.seed, group_id),
+            **({"temperature": self.cfg.temperature} if self.cfg.temperature is not None else {}),
         }
 
     async def _episode(

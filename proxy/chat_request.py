@@ -141,6 +141,42 @@ def tool_choice(choice: str | None, named: str | None, tools: list[dict[str, Any
     return choice or "auto"
 
 
+TOOL_CHOICE_HEADER = "x-areal-tool-choice"
+_HEADER_CHOICES = {"auto": "auto", "none": "none", "required": "required", "any": "required"}
+
+
+def header_tool_choice(chat: ChatRequest, header: str | None, body_chose: bool) -> None:
+    """Apply the `X-Areal-Tool-Choice` header: a tool choice for clients that never send one (the
+    Claude Code CLI behind the Claude Agent SDK). Its value is `auto`, `none`, `required` (or
+    `any`) or a tool's name. It holds only where the body chose nothing, the request offers tools,
+    and the turn starts from the user: a request whose messages after the last assistant turn
+    include a tool result is left on `auto`, so the model can read the result and answer, as the
+    Agents SDK resets a forced choice after the call it forced."""
+    if header is None or body_chose or not chat.tools:
+        return
+    value = header.strip()
+    if not value:
+        raise invalid_request("X-Areal-Tool-Choice must not be empty", "X-Areal-Tool-Choice")
+    tail = []
+    for message in reversed(chat.messages):
+        if message["role"] == "assistant":
+            break
+        tail.append(message)
+    if any(m["role"] == "tool" for m in tail):
+        return
+    names = {t["function"]["name"] for t in chat.tools}
+    if value in _HEADER_CHOICES and value not in names:
+        chat.tool_choice = _HEADER_CHOICES[value]
+    elif value in names:
+        chat.tool_choice = {"type": "function", "function": {"name": value}}
+    else:
+        raise invalid_request(
+            f"X-Areal-Tool-Choice {value!r} is neither auto, none, required, any nor a tool in this request "
+            f"(tools: {', '.join(sorted(names))})",
+            "X-Areal-Tool-Choice",
+        )
+
+
 def chat_request(body: ChatCompletionRequest, max_n: int) -> ChatRequest:
     """A validated Chat Completions body as the request every API shares."""
     if body.n is not None and body.n > max_n:

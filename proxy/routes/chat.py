@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from proxy.chat_request import chat_request
+from proxy.chat_request import TOOL_CHOICE_HEADER, chat_request, header_tool_choice
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.errors import APIError
 from proxy.routes.common import JsonRoute, json_response, sse, unless_disconnected
@@ -65,6 +65,7 @@ async def chat_completions(
 ) -> Response:
     started = time.perf_counter()
     chat = chat_request(body, state.cfg.proxy.max_n)
+    header_tool_choice(chat, request.headers.get(TOOL_CHOICE_HEADER), body.tool_choice is not None)
     turn = await completions.prepare(caller, chat, "chat", "chatcmpl-")
     model = chat.model or state.served_name
     if chat.stream:

@@ -20,7 +20,14 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from proxy.chat_request import ChatRequest, function_tool, reply_json_schema, tool_choice
+from proxy.chat_request import (
+    TOOL_CHOICE_HEADER,
+    ChatRequest,
+    function_tool,
+    header_tool_choice,
+    reply_json_schema,
+    tool_choice,
+)
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.config import ProxyConfig
 from proxy.conversation import normalize_messages
@@ -245,6 +252,7 @@ async def create_message(
     """Errors leave in Anthropic's shape (the app's handlers know this route)."""
     started = time.perf_counter()
     chat = messages_request(body, state.cfg.proxy)
+    header_tool_choice(chat, request.headers.get(TOOL_CHOICE_HEADER), body.tool_choice is not None)
     turn = await completions.prepare(caller, chat, "messages", "msg_")
     model = chat.model or state.served_name
     headers = {"request-id": turn.response_id, "x-areal-session-id": turn.session_id}

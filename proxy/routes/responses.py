@@ -20,7 +20,14 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from proxy.chat_request import ChatRequest, function_tool, reply_json_schema, tool_choice
+from proxy.chat_request import (
+    TOOL_CHOICE_HEADER,
+    ChatRequest,
+    function_tool,
+    header_tool_choice,
+    reply_json_schema,
+    tool_choice,
+)
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.conversation import content_text, normalize_messages
 from proxy.errors import APIError, invalid_request, not_found
@@ -296,6 +303,7 @@ async def create_response(
     if body.previous_response_id is not None:
         history = await previous_messages(state, caller, body.previous_response_id)
     chat = responses_request(body, history)
+    header_tool_choice(chat, request.headers.get(TOOL_CHOICE_HEADER), body.tool_choice is not None)
     turn = await completions.prepare(caller, chat, "responses", "resp_")
     model = chat.model or state.served_name
     headers = {"x-request-id": turn.response_id, "x-areal-session-id": turn.session_id}

@@ -12,6 +12,8 @@ import anthropic
 import httpx
 import pytest
 
+pytestmark = pytest.mark.agents  # also run on the newest anthropic release (.ci/run)
+
 SYSTEM = "You are a weather assistant. Always call get_weather with the city the user names."
 WEATHER = {
     "name": "get_weather",

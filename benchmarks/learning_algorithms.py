@@ -1,17 +1,18 @@
-"""PPO, DPO and SFT compared on the CPU arithmetic task: held-out accuracy after the same wall-clock minutes.
+"""The trainer's algorithms compared on the CPU arithmetic task: held-out accuracy after the same wall-clock minutes.
 
-For each `--algorithm` it runs `areal-proxy train examples/arithmetic/config.toml` with
-`trainer.algorithm` set (the same rollouts, claims and checkpoints; `trainer.max_minutes` = `--minutes`, so a
-decayed schedule ends with the run), stops it after `--minutes` of wall clock (Ctrl-C semantics: the trainer
-checkpoints), and evaluates the last checkpoint on the example's held-out problems, sampled at T=1 and greedy.
-Each algorithm's result is written to `<out>/<algorithm>.json` and the table of every result in `<out>` to
-`<out>/results.md`, so algorithms can be run one invocation at a time and still land in one table
-(`--eval-only` evaluates runs already trained, for a machine where training and evaluating at once take too long).
+For each `--algorithm` (a recipe in `RECIPES`: its `--set` overrides on the shipped config) it runs
+`areal-proxy train examples/arithmetic/config.toml` (the same rollouts, claims and checkpoints;
+`trainer.max_minutes` = `--minutes`, so a decayed schedule ends with the run), stops it after `--minutes` of
+wall clock (Ctrl-C semantics: the trainer checkpoints), and evaluates the last checkpoint on the example's
+held-out problems, sampled at T=1 and greedy. Each result is written to `<out>/<algorithm>.json` and the table
+of every result in `<out>` to `<out>/results.md`, so recipes can be run one invocation at a time and still land
+in one table (`--eval-only` evaluates runs already trained). `distill` learns from a teacher: `--teacher`, or
+else the checkpoint of this invocation's (or an earlier) `grpo` run, so run `grpo` first.
 
-    python benchmarks/learning_algorithms.py --algorithm dpo sft ppo --minutes 30 --out docs/experiments/algorithms
+    python benchmarks/learning_algorithms.py --minutes 30 --baseline --out docs/experiments/algorithms  # every recipe
     python benchmarks/learning_algorithms.py --algorithm dpo --minutes 3 --max-tasks 40 --out /tmp/smoke  # smoke
 
-`--set` overrides go to every run; `--dpo-set`, `--sft-set`, `--ppo-set` to one algorithm's run.
+`--set` overrides go to every run; `--dpo-set`, `--ppo-critic-set`, ... to one recipe's run.
 """
 
 from __future__ import annotations
@@ -33,7 +34,22 @@ from learning_arithmetic import newest_checkpoint, trainer_peak_rss  # noqa: E40
 from proxy.sections import DEVICES  # noqa: E402
 from trainer.launch.processes import start_process  # noqa: E402
 
-ALGORITHMS = ("ppo", "dpo", "sft")
+# Each recipe: the shipped config (GRPO with clip-higher, dynamic sampling's zero-variance skip and a screen)
+# plus these overrides.
+RECIPES: dict[str, list[str]] = {
+    "grpo": [],
+    # PPO with a learned value (a head on the policy's body, trained beside it) and GAE over each tree.
+    "ppo-critic": ["trainer.critic.lam=0.95", "trainer.critic.value_coef=0.5"],
+    # DAPO's full recipe: clip-higher (shipped), dynamic sampling that refills the batch, token-level loss
+    # (shipped), and the soft overlong penalty over the last 4 of the agent's 16 tokens.
+    "dapo": ["trainer.batch.fill=true", "trainer.overlong.max_tokens=16", "trainer.overlong.buffer=4"],
+    # M2PO's second-moment trust region, at twice the shipped staleness (which alone collapsed at 3+).
+    "m2po": ["trainer.loss.m2po_tau=0.04", "trainer.max_staleness=4"],
+    "dpo": ["trainer.algorithm=dpo"],
+    "sft": ["trainer.algorithm=sft"],
+    "distill": ["trainer.algorithm=distill"],  # + trainer.distill.teacher (main)
+}
+ALGORITHMS = tuple(RECIPES)
 
 
 def held_out(model: str, db: str, device: str, temperature: float, max_tasks: int) -> dict:
@@ -63,12 +79,12 @@ def train(algorithm: str, args: argparse.Namespace, run_dir: Path) -> dict:
     overrides = [
         f"trainer.run_dir={run_dir}",
         f"store.url=sqlite:///{run_dir}/areal.db",
-        f"trainer.algorithm={algorithm}",
         f"trainer.max_minutes={args.minutes}",
         "trainer.checkpoint.every=5",
         "eval.every_minutes=0",  # evaluated here after the run, not on its clock
+        *RECIPES[algorithm],
         *args.overrides,
-        *getattr(args, f"{algorithm}_overrides"),
+        *getattr(args, f"{algorithm.replace('-', '_')}_overrides"),
     ]
     for o in overrides:
         cmd += ["--set", o]
@@ -84,8 +100,10 @@ def train(algorithm: str, args: argparse.Namespace, run_dir: Path) -> dict:
     wall = (time.time() - started) / 60
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     steps = [r for r in rows if "sessions" in r]
+    t0 = steps[0]["time"] - steps[0].get("wait_s", 0) - steps[0].get("train_s", 0) if steps else started
     return {
         "algorithm": algorithm,
+        "curve": [[round((r["time"] - t0) / 60, 2), r["reward_mean"]] for r in steps],
         "overrides": overrides[2:],
         "minutes": round(wall, 1),
         "steps": max((r["step"] for r in steps), default=0),
@@ -95,6 +113,16 @@ def train(algorithm: str, args: argparse.Namespace, run_dir: Path) -> dict:
         "trainer_peak_rss_gib": round(peak, 2),
         "checkpoint": str(newest_checkpoint(run_dir) or ""),
     }
+
+
+def teacher(args: argparse.Namespace, out: Path) -> str:
+    """`--teacher`, else the checkpoint the grpo run in `out` ended with."""
+    if args.teacher:
+        return args.teacher
+    grpo = out / "grpo.json"
+    if not grpo.is_file() or not json.loads(grpo.read_text())["checkpoint"]:
+        raise SystemExit("distill needs a teacher: pass --teacher CHECKPOINT or run grpo first (same --out)")
+    return json.loads(grpo.read_text())["checkpoint"]
 
 
 def table(out: Path) -> str:
@@ -117,6 +145,34 @@ def table(out: Path) -> str:
     return "\n".join(rows)
 
 
+def plot(out: Path) -> None:
+    """Each run's training reward (mean over a step's sessions, a 5-step moving mean) against its minutes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for path in sorted(out.glob("*.json")):
+        result = json.loads(path.read_text())
+        curve = result.get("curve")
+        if not curve:
+            continue
+        xs, ys = [c[0] for c in curve], [c[1] for c in curve]
+        smooth = [sum(ys[max(0, i - 4) : i + 1]) / len(ys[max(0, i - 4) : i + 1]) for i in range(len(ys))]
+        held = (result.get("eval") or {}).get("sampled")
+        label = result["algorithm"] + (f" (held-out {held:.0%})" if held is not None else "")
+        ax.plot(xs, smooth, "-", label=label)
+    ax.set_xlabel("minutes of training (2 CPU cores)")
+    ax.set_ylabel("training reward (5-step mean)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("SmolLM2-135M-Instruct on two-digit arithmetic, one run per recipe", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algorithm", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
@@ -127,7 +183,8 @@ def main() -> None:
     parser.add_argument("--device", choices=DEVICES, default="cpu", help="engine and trainer device (evaluations too)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="override for every run")
     for name in ALGORITHMS:
-        parser.add_argument(f"--{name}-set", dest=f"{name}_overrides", action="append", default=[])
+        parser.add_argument(f"--{name}-set", dest=f"{name.replace('-', '_')}_overrides", action="append", default=[])
+    parser.add_argument("--teacher", default="", help="distill's teacher checkpoint (default: the grpo run's)")
     parser.add_argument("--max-tasks", type=int, default=0, help="evaluate on the first N held-out problems (0: all)")
     parser.add_argument("--skip-eval", action="store_true", help="no held-out evaluation: the runs' steps only")
     parser.add_argument(
@@ -149,6 +206,8 @@ def main() -> None:
         if args.eval_only:
             result = json.loads((out / f"{algorithm}.json").read_text())
         else:
+            if algorithm == "distill":
+                args.distill_overrides.append(f"trainer.distill.teacher={teacher(args, out)}")
             print(f"training with {algorithm} for {args.minutes} minutes ...", flush=True)
             result = train(algorithm, args, root / algorithm)
             (out / f"{algorithm}.json").write_text(json.dumps(result, indent=2))
@@ -159,6 +218,7 @@ def main() -> None:
         (out / f"{algorithm}.json").write_text(json.dumps(result, indent=2))
     report = table(out)
     (out / "results.md").write_text(report + "\n")
+    plot(out)
     print(report)
 
 

@@ -149,20 +149,16 @@ def header_tool_choice(chat: ChatRequest, header: str | None, body_chose: bool) 
     """Apply the `X-Areal-Tool-Choice` header: a tool choice for clients that never send one (the
     Claude Code CLI behind the Claude Agent SDK). Its value is `auto`, `none`, `required` (or
     `any`) or a tool's name. It holds only where the body chose nothing, the request offers tools,
-    and the turn starts from the user: a request whose messages after the last assistant turn
-    include a tool result is left on `auto`, so the model can read the result and answer, as the
-    Agents SDK resets a forced choice after the call it forced."""
+    and the turn is the user's: the last message other than a system one is a user message. A
+    request ending on a tool result is left on `auto`, so the model can read the result and answer,
+    as the Agents SDK resets a forced choice after the call it forced."""
     if header is None or body_chose or not chat.tools:
         return
     value = header.strip()
     if not value:
         raise invalid_request("X-Areal-Tool-Choice must not be empty", "X-Areal-Tool-Choice")
-    tail = []
-    for message in reversed(chat.messages):
-        if message["role"] == "assistant":
-            break
-        tail.append(message)
-    if any(m["role"] == "tool" for m in tail):
+    last = next((m["role"] for m in reversed(chat.messages) if m["role"] != "system"), None)
+    if last != "user":
         return
     names = {t["function"]["name"] for t in chat.tools}
     if value in _HEADER_CHOICES and value not in names:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 
-EXAMPLES = ["openai_agents_calculator", "camel_math", "claude_style_messages"]
+EXAMPLES = ["openai_agents_calculator", "camel_math", "claude_style_messages", "claude_agent_sdk"]
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

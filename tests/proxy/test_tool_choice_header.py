@@ -59,6 +59,9 @@ def test_turn_reading_a_tool_result_stays_auto(sqlite_proxy):
     node = recorded(sqlite_proxy, session, second.id)
     assert node["sampling"]["tool_choice"] == "auto"
     assert node["parent_id"] == first.id, "the turn continues the forced call's exact tokens"
+    # A new question sent with the tool's result (no answer between) is the user's turn: forced.
+    asked = chat(sqlite_proxy, session, "get_weather", messages=[*messages, *QUESTION])
+    assert recorded(sqlite_proxy, session, asked.id)["sampling"]["tool_choice"]["function"]["name"] == "get_weather"
     # A user turn after that answer is forced again.
     third = chat(
         sqlite_proxy,

@@ -164,8 +164,9 @@ def hidden_logprobs(
 
 
 def scatter_rows(sel: torch.Tensor, values: torch.Tensor, groups: list[PrefixGroup]) -> list[torch.Tensor]:
-    """Per-token `values` (N,) at the selected positions of `sel` (R, O) back to each group's (G, O), zero off it."""
-    full = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device).masked_scatter(sel, values)
+    """Per-token `values` (N,) at the selected positions of `sel` (R, O) back to each group's (G, O), zero off it.
+    Float32 whatever `values` came out in (a critic's head under bfloat16 autocast gives bfloat16)."""
+    full = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device).masked_scatter(sel, values.float())
     out, r = [], 0
     for g in groups:
         n, o = g.continuation.shape

@@ -239,3 +239,22 @@ def test_joint_steps_bring_the_value_loss_down(tiny):
         step_head(joint)
         losses.append(result.stats["value_loss"])
     assert losses[-1] < 0.25 * losses[0], losses
+
+
+def test_joint_step_under_bfloat16_autocast(tiny):
+    # The head on the policy's body runs under the step's autocast: its bfloat16 values are read back
+    # into the float32 value loss (a 6-minute arithmetic run with autocast_bf16 failed on its first step).
+    from trainer.config import TrainerConfig
+    from trainer.step import train_step
+
+    losses = {}
+    for autocast in (False, True):
+        cfg = TrainerConfig(autocast_bf16=autocast)
+        model = copy.deepcopy(tiny)
+        joint = _critic(tiny)
+        groups = _prepared(tiny, joint)
+        still = torch.optim.SGD(model.parameters(), lr=0.0)
+        result = train_step(model, still, groups, cfg, CPU, 0, value_head=joint.head, value_coef=1.0, value_clip=0.2)
+        losses[autocast] = result.stats["value_loss"]
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in joint.head.parameters())
+    assert losses[True] == pytest.approx(losses[False], rel=0.05), losses

@@ -164,7 +164,7 @@ def header_tool_choice(chat: ChatRequest, header: str | None, body_chose: bool) 
     if value in _HEADER_CHOICES and value not in names:
         chat.tool_choice = _HEADER_CHOICES[value]
     elif value in names:
-        chat.tool_choice = {"type": "function", "function": {"name": value}}
+        chat.tool_choice = tool_choice(None, value, chat.tools)
     else:
         raise invalid_request(
             f"X-Areal-Tool-Choice {value!r} is neither auto, none, required, any nor a tool in this request "

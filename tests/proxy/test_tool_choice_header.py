@@ -12,15 +12,10 @@ import httpx
 import openai
 import pytest
 
+from tests.proxy.test_chat_api import NAMED, WEATHER
+from tests.proxy.test_messages_api import WEATHER as CLAUDE_WEATHER
+
 HEADER = "X-Areal-Tool-Choice"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 QUESTION = [{"role": "user", "content": "Tell me a joke."}]  # nothing here asks for the tool
 
 
@@ -42,7 +37,7 @@ def test_header_forces_a_call_on_a_user_turn(sqlite_proxy, header):
     r = chat(sqlite_proxy, session, header)
     [call] = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
-    expected = {"type": "function", "function": {"name": "get_weather"}} if header == "get_weather" else "required"
+    expected = NAMED if header == "get_weather" else "required"
     assert recorded(sqlite_proxy, session, r.id)["sampling"]["tool_choice"] == expected
 
 
@@ -103,11 +98,10 @@ def test_messages_and_responses_read_it(sqlite_proxy):
     claude = anthropic.Anthropic(
         base_url=session["base_url"].removesuffix("/v1"), api_key=session["api_key"], max_retries=0
     )
-    tool = {"name": "get_weather", "description": "Get the weather", "input_schema": WEATHER["function"]["parameters"]}
     reply = claude.messages.create(
         model="claude-sonnet-4-5",
         messages=QUESTION,
-        tools=[tool],
+        tools=[CLAUDE_WEATHER],
         max_tokens=24,
         extra_body={"temperature": 0},
         extra_headers={HEADER: "get_weather"},
@@ -118,7 +112,7 @@ def test_messages_and_responses_read_it(sqlite_proxy):
         claude.messages.create(
             model="claude-sonnet-4-5",
             messages=QUESTION,
-            tools=[tool],
+            tools=[CLAUDE_WEATHER],
             max_tokens=24,
             extra_headers={HEADER: "get_time"},
         )

@@ -8,11 +8,13 @@ to two groups of two. The run must exit 0 and write metrics for both steps.
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 
 import pytest
 
+from proxy.config import load_config
 from tests.conftest import REPO
 
 EXAMPLES = ["openai_agents_calculator", "camel_math", "claude_style_messages", "claude_agent_sdk"]
@@ -38,3 +40,8 @@ def test_example_trains(tmp_path, example):
     trained = [s for s in steps if "reward_mean" in s]
     assert [s["step"] for s in trained] == [1, 2], steps
     assert all(s["sessions"] >= 4 for s in trained)
+    forced = load_config(REPO / "examples" / example / "config.toml").rollout.temperature
+    if forced is not None:  # [rollout] temperature: every call of every episode sampled (and recorded) at it
+        with sqlite3.connect(tmp_path / "areal.db") as db:
+            temperatures = {t for (t,) in db.execute("SELECT DISTINCT temperature FROM completions")}
+        assert temperatures == {forced}, temperatures

@@ -210,6 +210,19 @@ def fresh_pg_database() -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _drop_checkpoint_weights(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Once a module's tests are done, delete the weights and optimizer state of the checkpoints they wrote
+    (a default-model checkpoint is 1.6 GB; a module that trains writes several, and the whole suite would
+    otherwise keep tens of GB on a shared disk until it ends). No session-scoped fixture writes a
+    checkpoint, so nothing a later module uses is removed; the logs and metrics a failure needs stay."""
+    yield
+    for step_dir in tmp_path_factory.getbasetemp().glob("**/checkpoints/step_*"):
+        for path in step_dir.iterdir():
+            if path.suffix in (".safetensors", ".pt", ".bin"):
+                path.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def sqlite_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("sqlite-proxy")

@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, Server, cli_process, run_server
+from trainer.launch.processes import log_tail
 
 ADMIN_KEY = "ui-test-admin-key"
 KEY_STORAGE = "areal-proxy.admin-key"
@@ -85,7 +86,10 @@ def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> RecordedRun:
     for key, value in overrides.items():
         args += ["--set", f"{key}={value}"]
     proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, "\n".join(
+        [(proc.stdout + proc.stderr)[-3000:], "trainer.log:", log_tail(run.run_dir / "trainer.log", 4000)]
+        + ["proxy.log:", log_tail(run.run_dir / "proxy.log", 2000)]
+    )
     return run
 
 

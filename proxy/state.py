@@ -8,6 +8,7 @@ through `proxy/routes/deps.py`.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from dataclasses import dataclass, field
@@ -87,6 +88,10 @@ class AppState:
             )
             if self.online is not None:
                 self.online.busy = self.completions.busy
+            # What start-up built (the app, the tokenizer, transformers' modules: hundreds of thousands of
+            # objects) moves to the collector's permanent generation, so its full passes, which would walk
+            # all of it in the middle of serving, see only what requests make.
+            gc.freeze()
             self.ready.set()
             log.info("engine ready: %s (version %d)", self.served_name, self.engine.version)
         except Exception as exc:  # reported by /health and on every model call

@@ -4,6 +4,10 @@ A route names what it uses (`completions: Completions`, `caller: CallerDep`, `_:
 FastAPI hands it over: the running app's state is looked up once, model-call services wait for
 the engine (503 + Retry-After while it loads), and `Admin` refuses a caller without the admin
 key before the route runs. No route reaches into the app's state itself.
+
+Every dependency is `async def`: they only read memory, and FastAPI runs a plain `def` dependency on a
+worker thread, a thread hop for each one on every request (a third of the proxy's CPU per request on
+`benchmarks/proxy_overhead.py`'s profile went to the hops and their bookkeeping).
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ from proxy.state import AppState
 from proxy.store.online import EPISODE_HEADER
 
 
-def app_state(request: Request) -> AppState:
+async def app_state(request: Request) -> AppState:
     return request.app.state.areal
 
 
 State = Annotated[AppState, Depends(app_state)]
 
 
-def caller(request: Request) -> Caller:
+async def caller(request: Request) -> Caller:
     """The bearer token (`Authorization` or Anthropic's `x-api-key`), the session the path names and
     the episode the `X-Areal-Episode` header names."""
     token = bearer(request.headers.get("authorization"), request.headers.get("x-api-key"))
@@ -37,21 +41,21 @@ def caller(request: Request) -> Caller:
 CallerDep = Annotated[Caller, Depends(caller)]
 
 
-def sessions(state: State) -> SessionService:
+async def sessions(state: State) -> SessionService:
     return state.sessions
 
 
 Sessions = Annotated[SessionService, Depends(sessions)]
 
 
-def require_admin(who: CallerDep, registry: Sessions) -> None:
+async def require_admin(who: CallerDep, registry: Sessions) -> None:
     registry.require_admin(who.token)
 
 
 Admin = Annotated[None, Depends(require_admin)]
 
 
-def ready_completions(state: State) -> CompletionService:
+async def ready_completions(state: State) -> CompletionService:
     state.require_ready()
     return state.completions
 
@@ -59,7 +63,7 @@ def ready_completions(state: State) -> CompletionService:
 Completions = Annotated[CompletionService, Depends(ready_completions)]
 
 
-def rewards(state: State) -> RewardService:
+async def rewards(state: State) -> RewardService:
     return state.rewards
 
 

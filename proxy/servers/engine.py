@@ -317,7 +317,7 @@ def create_engine_app(cfg: Config) -> FastAPI:
         finally:
             await server.engine.stop()
 
-    def require_key(request: Request) -> None:
+    async def require_key(request: Request) -> None:
         if not cfg.proxy.admin_key or request.url.path in OPEN_PATHS:
             return
         try:

@@ -63,14 +63,14 @@ Ident = Annotated[str, Path(min_length=1, max_length=MAX_ID, pattern=NO_NUL)]
 """A session, node or group id in a path."""
 
 
-def ui_state(request: Request) -> UIState:
+async def ui_state(request: Request) -> UIState:
     return request.app.state.ui
 
 
 UI = Annotated[UIState, Depends(ui_state)]
 
 
-def require_admin(request: Request, ui: UI) -> None:
+async def require_admin(request: Request, ui: UI) -> None:
     ui.require_admin(bearer(request.headers.get("authorization")))
 
 

@@ -57,23 +57,31 @@ def build(model_path: str, eos_id: int, reply_ids: list[int]) -> Starlette:
             media_type="application/json",
         )
 
+    def chat_logprobs(top: int) -> dict:
+        entry = lambda t: {"token": f"<{t}>", "logprob": -0.1, "bytes": None}  # noqa: E731
+        return {"content": [{**entry(t), "top_logprobs": [entry(t)] * top} for t in output]}
+
     async def chat(request: Request) -> Response:
-        await request.body()
+        # As vLLM answers: logprobs when asked, and the token ids with `return_token_ids` (what a
+        # recording peer asks for), so that every proxy in front gets and handles the same data.
+        body = orjson.loads(await request.body())
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": REPLY},
+            "finish_reason": "stop",
+            "logprobs": chat_logprobs(body.get("top_logprobs") or 0) if body.get("logprobs") else None,
+        }
         payload = {
             "id": "chatcmpl-instant",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": "instant",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": REPLY},
-                    "finish_reason": "stop",
-                    "logprobs": None,
-                }
-            ],
+            "choices": [choice],
             "usage": {"prompt_tokens": 10, "completion_tokens": len(output), "total_tokens": 10 + len(output)},
         }
+        if body.get("return_token_ids"):
+            choice["token_ids"] = output
+            payload["prompt_token_ids"] = list(range(10))
         return Response(orjson.dumps(payload), media_type="application/json")
 
     async def model_info(_: Request) -> Response:
@@ -111,7 +119,9 @@ def main() -> None:
     path = resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy")
     tok = AutoTokenizer.from_pretrained(path)
     app = build(path, tok.eos_token_id, tok.encode(REPLY, add_special_tokens=False))
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    # A long keep-alive: a client reusing a connection just as the server closes it gets an error that
+    # is neither proxy's doing (LiteLLM's client did, at uvicorn's default 5 s).
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, timeout_keep_alive=300)
 
 
 if __name__ == "__main__":

@@ -30,3 +30,10 @@ class StoreConfig(Section):
     sqlite_synchronous: Literal["full", "normal"] = "full"
     """SQLite durability: full fsyncs every commit (survives power loss); normal survives a crash of the
     proxy but not of the machine, and commits faster."""
+    sqlite_checkpoint: Literal["background", "inline"] = "background"
+    """Who copies SQLite's write-ahead log into the database file. background: a thread of the proxy, every
+    `sqlite_checkpoint_s` in which something was committed, without blocking the writer (a PASSIVE
+    checkpoint); inline: SQLite's default, the commit that takes the log past 1,000 pages does it, and
+    every completion waiting on that commit waits for the copy and its fsync too."""
+    sqlite_checkpoint_s: float = Field(default=1.0, gt=0)
+    """Seconds between background checkpoints (while something is committed)."""

@@ -1,0 +1,79 @@
+"""SQLite's write-ahead log is copied into the database file by the checkpointer thread, never by a
+group commit: the writer's connections have automatic checkpoints off, the log is emptied beside
+them, and everything written is there after the proxy's store closes and reopens."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sqlite3
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from proxy.store.config import StoreConfig
+from proxy.store.db import Database
+from proxy.store.schema import completions
+from tests.store.test_store_faults import open_store, record
+
+
+def write_many(db: Database, n: int) -> None:
+    async def main() -> None:
+        db.start_writer()
+        await asyncio.gather(*(record(db, f"c{i}") for i in range(n)))
+
+    asyncio.run(main())
+
+
+def rows_in_database_file(path: str, copy: str) -> int:
+    """Completions in the database file alone: a copy of it without its log (0 where not even the table
+    has been copied in yet)."""
+    shutil.copyfile(path, copy)
+    with sqlite3.connect(copy) as conn:
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'completions'").fetchone():
+            return 0
+        return conn.execute("SELECT count(*) FROM completions").fetchone()[0]
+
+
+def test_the_checkpointer_copies_the_log_and_commits_never_do(tmp_path):
+    path = f"{tmp_path}/store.db"
+    db = open_store(f"sqlite:///{path}")
+    db.cfg = db.cfg.model_copy(update={"sqlite_checkpoint_s": 0.2})
+    write_many(db, 300)
+    checkpointer = db._checkpointer
+    assert checkpointer is not None
+    with db._write_connection() as conn:  # the writer's connection: SQLite's own checkpoints are off
+        assert conn.connection.driver_connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    before = checkpointer.checkpoints
+    deadline = time.time() + 10
+    while checkpointer.checkpoints == before and time.time() < deadline:  # the round after the last commit
+        time.sleep(0.05)
+    assert checkpointer.checkpoints > before
+    assert rows_in_database_file(path, f"{tmp_path}/copy.db") == 300
+    db.close()
+    assert checkpointer._thread is not None and not checkpointer._thread.is_alive()
+    reopened = Database(StoreConfig(url=f"sqlite:///{path}"))
+    count = reopened.read(lambda c: c.execute(select(func.count()).select_from(completions)).scalar_one())
+    assert count == 300
+    reopened.close()
+
+
+def test_without_the_checkpointer_the_rows_stay_in_the_log(tmp_path):
+    """The control: the same writes with SQLite's inline checkpoints stay in the log (under 1,000 pages)."""
+    path = f"{tmp_path}/store.db"
+    db = open_store(f"sqlite:///{path}")
+    db.cfg = db.cfg.model_copy(update={"sqlite_checkpoint": "inline"})
+    write_many(db, 300)
+    assert db._checkpointer is None
+    with db._write_connection() as conn:
+        assert conn.connection.driver_connection.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+    time.sleep(0.5)
+    assert rows_in_database_file(path, f"{tmp_path}/copy.db") == 0
+    db.close()
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_a_checkpoint_interval_must_be_positive(value):
+    with pytest.raises(ValueError):
+        StoreConfig(sqlite_checkpoint_s=value)

@@ -6,6 +6,7 @@ in front of it, one proxy at a time:
 
 - `areal-proxy serve --set engine.backend=sglang`, recording every call token-exact with commit before
   answer, on SQLite (WAL, `synchronous=FULL`) and, with `--postgres`, on a fresh PostgreSQL database;
+- with `--front`, the SQLite one again behind `areal-proxy front` (pinned to core 1): what the front adds;
 - each peer proxy installed in its own venv (benchmarks/peers.py says how to make them), with its
   documented settings, in front of the engine's `/v1/chat/completions`.
 
@@ -14,7 +15,7 @@ over the direct call at p50/p99 (sequential), requests/s and p50/p99 at `--concu
 the proxy's CPU time per request (its whole process tree, over the concurrent phase). Then ours against
 the best peer. Only ratios within one run mean anything on a shared machine.
 
-    python benchmarks/proxy_overhead.py [--requests 1000] [--concurrency 32] [--postgres] [--json out.json]
+    python benchmarks/proxy_overhead.py [--requests 1000] [--concurrency 32] [--postgres] [--front] [--json F]
 """
 
 from __future__ import annotations
@@ -118,8 +119,9 @@ def tree_cpu(pid: int) -> Callable[[], float]:
     return total
 
 
-def wait_answering(url: str, model: str, proc, log: Path, timeout: float = 300) -> None:  # noqa: ANN001
-    """Until a chat request through `url` answers 200 (peers have no common health route)."""
+def wait_answering(url: str, model: str, proc, log: Path, timeout: float = 300) -> int:  # noqa: ANN001
+    """Until a chat request through `url` answers 200 (peers have no common health route): 1, the calls
+    answered (and so recorded)."""
     deadline = time.time() + timeout
     last = ""
     while time.time() < deadline:
@@ -128,7 +130,7 @@ def wait_answering(url: str, model: str, proc, log: Path, timeout: float = 300) 
         with contextlib.suppress(httpx.HTTPError):
             r = httpx.post(url, json=body(0, model), timeout=30)
             if r.status_code == 200:
-                return
+                return 1
             last = f"{r.status_code} {r.text[:300]}"
         time.sleep(1)
     raise RuntimeError(f"no answer from {url} in {timeout:.0f}s (last: {last}):\n{log.read_text()[-3000:]}")
@@ -144,6 +146,7 @@ class Target:
     env: dict[str, str]
     cwd: Path
     recorded: Callable[[], int]  # calls recorded so far
+    front: bool = False  # reached through `areal-proxy front` (pinned to core 1) in front of it
 
 
 @contextlib.contextmanager
@@ -198,13 +201,25 @@ def peer_target(peer: Peer, engine_url: str, tmp: Path) -> Target:
 def measure(target: Target, direct_seq: list[float], args: argparse.Namespace, tmp: Path) -> dict:
     log = tmp / f"{target.name.replace(' ', '_').replace('(', '').replace(')', '')}.log"
     proc = start_process([*pin(0), *target.argv], log, cwd=target.cwd, env=target.env)
+    front = None
+    url, cpu = target.url, tree_cpu(proc.pid)
     try:
-        wait_answering(target.url, target.model, proc, log)
-        seq = asyncio.run(sequential(target.url, target.model, args.requests))
-        con = asyncio.run(concurrent(target.url, target.model, args.requests * 2, args.concurrency, tree_cpu(proc.pid)))
+        answered = wait_answering(target.url, target.model, proc, log)
+        if target.front:
+            replica = target.url.removesuffix("/v1/chat/completions")
+            port = free_port()
+            argv = [*pin(1), sys.executable, "-m", "proxy.cli", "front", "--port", str(port), "--replicas", replica]
+            front = start_process([*argv, "--set", "proxy.log_level=warning"], tmp / "front.log", cwd=tmp)
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            answered += wait_answering(url, target.model, front, tmp / "front.log")
+            replica_cpu, front_cpu = cpu, tree_cpu(front.pid)
+            cpu = lambda: replica_cpu() + front_cpu()  # noqa: E731
+        seq = asyncio.run(sequential(url, target.model, args.requests))
+        con = asyncio.run(concurrent(url, target.model, args.requests * 2, args.concurrency, cpu))
         time.sleep(2)  # a peer that records after answering has had time to write the last ones
         recorded = target.recorded()
     finally:
+        stop_process(front, 30)
         stop_process(proc, 30)
     p50_32, p99_32 = pct(con["times"], 0.5), pct(con["times"], 0.99)
     return {
@@ -219,7 +234,7 @@ def measure(target: Target, direct_seq: list[float], args: argparse.Namespace, t
         "cpu_ms_per_request": round(con["cpu_ms_per_request"], 3),
         "errors": len(con["errors"]),
         "first_error": con["errors"][0] if con["errors"] else "",
-        "sent": 1 + 20 + args.requests + args.concurrency + args.requests * 2,
+        "sent": answered + 20 + args.requests + args.concurrency + args.requests * 2,
         "recorded": recorded,
     }
 
@@ -258,8 +273,14 @@ def ratios(rows: list[dict]) -> list[str]:
             f"CPU per request {r['cpu_ms_per_request'] / best_cpu['cpu_ms_per_request']:.2f}x {best_cpu['name']}'s; "
             f"p99/p50 at 32 {r['p99_over_p50']:.1f} (target <= 3)"
         )
-    sqlite = next((r for r in mine if "sqlite" in r["name"]), None)
-    pg = next((r for r in mine if "postgres" in r["name"]), None)
+    sqlite = next((r for r in mine if r["name"] == "areal-proxy (SQLite)"), None)
+    front = next((r for r in mine if "front" in r["name"]), None)
+    if sqlite and front:
+        out.append(
+            f"the front adds {front['added_p50_ms'] - sqlite['added_p50_ms']:.2f} ms at p50 (target <= 0.3) and "
+            f"costs {1 - front['rps'] / sqlite['rps']:.0%} of the replica's req/s (target <= 10%)"
+        )
+    pg = next((r for r in mine if "PostgreSQL" in r["name"]), None)
     if sqlite and pg:
         out.append(
             f"PostgreSQL against SQLite: added p50 {pg['added_p50_ms'] / sqlite['added_p50_ms']:.2f}x, "
@@ -274,6 +295,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--postgres", action="store_true", help=f"also ours on a fresh database at {PG_ADMIN_URL}")
     parser.add_argument("--no-peers", action="store_true", help="leave out the peers even where installed")
+    parser.add_argument("--front", action="store_true", help="also ours on SQLite through `areal-proxy front`")
     parser.add_argument("--json", default="", help="write the rows here as well")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity") and os.cpu_count() > 1:
@@ -304,6 +326,10 @@ def main() -> None:
             }
         )
         targets = [ours(engine_url, f"sqlite:///{tmp}/areal.db", "SQLite", tmp)]
+        if args.front:
+            through = ours(engine_url, f"sqlite:///{tmp}/front.db", "SQLite, through the front", tmp)
+            through.front = True
+            targets.append(through)
         with contextlib.ExitStack() as stack:
             if args.postgres:
                 targets.append(ours(engine_url, stack.enter_context(fresh_pg_database()), "PostgreSQL", tmp))

@@ -46,12 +46,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from trainer.launch.processes import free_port
 
 MODEL = "instant"
 ROLLOUT, ATTEMPT = "ro-arealbench", "at-bench"  # where the Agent Lightning peers record every call
@@ -136,12 +137,6 @@ sys.exit(0 if stopping else code)
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass(frozen=True)
 class Peer:
     """One peer proxy: how to start it, where to send chat completions, how many calls it recorded."""
@@ -164,7 +159,7 @@ class Peer:
         if self.name == "agentlightning":
             launcher = workdir / "llm_proxy.py"
             launcher.write_text(_LLM_PROXY_LAUNCHER)
-            rest = [str(_free_port()), self.model, ROLLOUT, ATTEMPT, str(workdir / "agl.json")]
+            rest = [str(free_port()), self.model, ROLLOUT, ATTEMPT, str(workdir / "agl.json")]
             return [str(self.python), str(launcher), upstream, str(port), *rest]
         if self.name == "agentlightning-gateway":
             launcher = workdir / "agl_server.py"

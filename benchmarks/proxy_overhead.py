@@ -25,11 +25,10 @@ import asyncio
 import contextlib
 import json
 import os
-import secrets
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.peers import Peer, installed_peers  # noqa: E402
+from tests.conftest import PG_ADMIN_URL, fresh_pg_database  # noqa: E402
 from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy  # noqa: E402
-
-PG_ADMIN_URL = os.environ.get("AREAL_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def body(i: int, model: str) -> dict:
@@ -147,20 +145,6 @@ class Target:
     cwd: Path
     recorded: Callable[[], int]  # calls recorded so far
     front: bool = False  # reached through `areal-proxy front` (pinned to core 1) in front of it
-
-
-@contextlib.contextmanager
-def fresh_pg_database() -> Iterator[str]:
-    import psycopg
-
-    name = "areal_overhead_" + secrets.token_hex(6)
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def ours(engine_url: str, db: str, label: str, tmp: Path) -> Target:

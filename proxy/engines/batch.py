@@ -47,6 +47,7 @@ class Request:
     done: bool = False  # its last delta (or error) was sent
     last_token: int = 0
     matcher: Matcher | None = None  # where its reply is in its JSON schema's grammar (made at its first token)
+    kv_version: int = -1  # the weights its prompt's keys/values were computed with
 
 
 class ContinuousBatch:
@@ -153,6 +154,7 @@ class ContinuousBatch:
             reqs = by_prompt[prompt]
             finished = self._emit(reqs, logits[i : i + 1].expand(len(reqs), -1))
             for req in reqs:
+                req.kv_version = self._version
                 if req not in finished:
                     admitted.append(req)
                     rows.append(row)
@@ -291,7 +293,32 @@ class ContinuousBatch:
         finished = self._emit([self.running[i] for i in rows], logits[rows] if len(rows) < len(logits) else logits)
         if finished:
             gone = {id(r) for r in finished}
+            for i in rows:
+                if id(self.running[i]) in gone:
+                    self._keep_reply(i, self.running[i])
             self.running = [None if r is not None and id(r) in gone else r for r in self.running]
+
+    def _keep_reply(self, slot: int, req: Request) -> None:
+        """Put a finished row's full blocks (prompt and reply) in the prefix cache.
+
+        An agent's next turn is its prompt and this reply plus the new messages: with the reply's
+        blocks cached it prefills only what is new. The row holds the keys/values of the prompt and
+        every sampled token but the last (never fed back); a row that outlived a weight update holds
+        some of the old weights' and is left out.
+        """
+        if not self.prefix.max_blocks or req.kv_version != self._version or not req.generated:
+            return
+        seq = req.input_ids + req.generated[:-1]
+        n = len(seq)
+        if n // BLOCK <= len(req.input_ids) // BLOCK or int(self.kv.mask[slot].sum()) != n:
+            return  # no new full block (the prompt's are cached at its prefill)
+        self.prefix.store(
+            seq,
+            [
+                (layer.keys[slot : slot + 1, :, -n:], layer.values[slot : slot + 1, :, -n:])
+                for layer in self.kv.cache.layers
+            ],
+        )
 
     def _maybe_compact(self) -> None:
         dead = len(self.running) - self.alive_count()

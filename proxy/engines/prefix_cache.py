@@ -1,11 +1,14 @@
-"""Prefix caching for the embedded engine: keys and values of prompt blocks seen before are reused.
+"""Prefix caching for the embedded engine: keys and values of token blocks seen before are reused.
 
 Agents resend their whole history every turn, and every sample of a task repeats the same
 system prompt and worked examples; recomputing that shared beginning is most of a prefill.
-Prompts are cut into blocks of `BLOCK` tokens, and each full block's keys/values are kept under
-(the block before it, its own tokens): a trie, so a block is found only after exactly the same
-tokens before it, with no hashing and no collisions. A new prompt reuses the longest chain of
-cached blocks that still leaves at least one of its tokens to compute (the last position's
+A prompt's blocks are kept at its prefill, and a finished request's prompt-and-reply blocks when
+it ends (`ContinuousBatch._keep_reply`), so an agent's next turn, which is its previous prompt and
+reply plus the new messages, computes only the new part. Sequences are cut into blocks of `BLOCK`
+tokens, and each full block's keys/values are kept under (the block before it, its own tokens): a
+trie, so a block is found only after exactly the same tokens before it, with no hashing and no
+collisions. A new prompt reuses the longest chain of cached blocks that still leaves at least one of
+its tokens to compute (the last position's
 logits start the sampling), and only the rest is prefilled.
 
 Least recently used blocks are evicted first when the cache is over its token budget (a chain
@@ -61,7 +64,8 @@ class PrefixCache:
         return [block for _, block in chain]
 
     def store(self, prompt: Sequence[int], kv: KV) -> None:
-        """Keep every full block of `prompt` not cached yet; `kv` holds its keys/values per layer."""
+        """Keep every full block of `prompt` (a prompt, or a prompt and reply) not cached yet; `kv`
+        holds its keys/values per layer."""
         if not self.max_blocks:
             return
         path = []

@@ -1,5 +1,6 @@
 """The embedded engine's prefix cache: prompts that begin alike reuse the cached keys/values of
-their shared blocks, answer exactly as without the cache, and a weight update empties it."""
+their shared blocks, an agent's next turn reuses its previous reply's, answers come out exactly as
+without the cache, and a weight update empties it."""
 
 from __future__ import annotations
 
@@ -96,6 +97,39 @@ def test_engine_reuses_a_shared_prefix_and_answers_as_without_it(perturbed_weigh
             ref = await generate(plain, prompts[0], greedy, request_id="e")
             assert (await cached.health())["cached_prompt_tokens"] == before  # computed afresh
             assert x.output_ids == ref.output_ids and set(x.versions) == {1}
+        finally:
+            await cached.stop()
+            await plain.stop()
+
+    asyncio.run(main())
+
+
+def test_next_turn_reuses_the_previous_reply_and_answers_as_without_it():
+    """A session's next prompt is its previous prompt and reply plus new messages (the proxy keeps
+    the exact tokens): only the new part and the last partial block are computed."""
+
+    async def main():
+        cached = LocalEngine(EngineConfig())
+        plain = LocalEngine(EngineConfig(prefix_cache_tokens=0))
+        await cached.start()
+        await plain.start()
+        try:
+            renderer = Renderer(cached.tokenizer, cached.info.eos_token_ids)
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tell me about rivers."}]
+            ids = renderer.prompt(messages, None, None).ids
+            reply = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True)
+            follow = cached.tokenizer.encode("<|im_start|>user\nAnd about lakes?<|im_end|>\n<|im_start|>assistant\n")
+            for turn in range(3):
+                before = (await cached.health())["prefill_tokens"]
+                x = await generate(cached, ids, reply, request_id=f"a{turn}")
+                computed = (await cached.health())["prefill_tokens"] - before
+                ref = await generate(plain, ids, reply, request_id=f"b{turn}")
+                assert x.output_ids == ref.output_ids
+                assert max(abs(p - q) for p, q in zip(x.logprobs, ref.logprobs)) < 1e-3
+                if turn:
+                    # new: the last reply's final token and the follow-up; at most a block's worth before it
+                    assert len(follow) + 1 <= computed < len(follow) + 1 + BLOCK, (turn, computed)
+                ids = ids + x.output_ids + follow
         finally:
             await cached.stop()
             await plain.stop()

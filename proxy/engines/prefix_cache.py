@@ -8,8 +8,7 @@ reply plus the new messages, computes only the new part. Sequences are cut into 
 tokens, and each full block's keys/values are kept under (the block before it, its own tokens): a
 trie, so a block is found only after exactly the same tokens before it, with no hashing and no
 collisions. A new prompt reuses the longest chain of cached blocks that still leaves at least one of
-its tokens to compute (the last position's
-logits start the sampling), and only the rest is prefilled.
+its tokens to compute (the last position's logits start the sampling), and only the rest is prefilled.
 
 Least recently used blocks are evicted first when the cache is over its token budget (a chain
 is touched from its last block back to its first, so a shared beginning outlives the blocks

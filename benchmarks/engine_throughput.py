@@ -1,7 +1,8 @@
 """The embedded engine against llama.cpp on the default model's own GGUF: prefill, decode by batch, KV reuse.
 
 The default model (SmolLM2-135M-Instruct) ships as a Q4_1 GGUF; the embedded engine runs a dequantized
-safetensors copy of it (float32 and bfloat16; `--dtypes` picks), llama.cpp (llama-cpp-python, in
+safetensors copy of it (float32, bfloat16, and bfloat16 with `engine.quantize = "int4"`, its linears
+quantized again to 4 bits in Q4_1's layout; `--dtypes` picks), llama.cpp (llama-cpp-python, in
 its own interpreter) runs the GGUF itself, Q4_1: the comparison a user makes with the same file. Both on
 `--threads` CPU threads, greedy, one after the other in one run.
 
@@ -207,10 +208,11 @@ async def _together(engine: LocalEngine, prompts: list[list[int]], params: Sampl
     }
 
 
-async def run_ours(dtype: str, tokenizer: Any, args: argparse.Namespace) -> dict:
-    engine = LocalEngine(EngineConfig(dtype=dtype, threads=args.threads))
+async def run_ours(variant: str, tokenizer: Any, args: argparse.Namespace) -> dict:
+    dtype, _, quantize = variant.partition("-")
+    engine = LocalEngine(EngineConfig(dtype=dtype, threads=args.threads, quantize=quantize or "none"))
     await engine.start()
-    out: dict[str, Any] = {"dtype": dtype, "lean_forward": engine._fast is not None}
+    out: dict[str, Any] = {"dtype": variant, "lean_forward": engine._fast is not None}
     try:
         greedy1 = SamplingParams(max_new_tokens=1, temperature=0.0)
         serial = iter(range(10**6))  # prompt indexes: no two runs share a cached block
@@ -547,7 +549,13 @@ async def main_async(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--dtypes",
+        nargs="*",
+        default=["float32", "bfloat16", "bfloat16-int4"],
+        choices=["float32", "bfloat16", "bfloat16-int4"],
+        help="engine variants: weights dtype, and -int4 for engine.quantize = int4",
+    )
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of both engines")
     parser.add_argument("--prompt-tokens", type=int, default=512, help="prefill prompt length")
     parser.add_argument("--decode-prompt-tokens", type=int, default=64, help="prompt length of the decode runs")

@@ -39,6 +39,13 @@ class EngineConfig(Section):
     """auto: on CPU, Llama/Mistral/Qwen2 models run the engine's lean forward (each step's decode and
     prefills in one pass over the weights, packed for oneDNN: bfloat16 where the CPU computes it natively,
     float32 on x86); off: transformers' forward."""
+    quantize: Literal["none", "int4"] = "none"
+    """Weight-only quantization of the embedded engine (CPU, bfloat16, the lean forward). int4: every
+    linear layer's weights in 4 bits, a scale and a zero per 32 input columns (GGUF's Q4_1 layout);
+    steps of up to 8 tokens read those, a quarter of bfloat16's bytes (batch-1 decode is bound by
+    them), bigger steps a bfloat16 copy of the same dequantized weights. The engine's policy is then
+    the quantized model: the logprobs it records are that model's, the trainer's decoupled objective
+    weighs the gap to its own, and each weight update is quantized again."""
     prefix_cache_tokens: int = Field(default=8192, ge=0)
     """Prompt tokens whose keys/values the embedded engine keeps to reuse for later prompts that
     begin the same way (a shared system prompt, an agent's earlier turns); 0: off."""
@@ -78,4 +85,15 @@ class EngineConfig(Section):
     def _check(self) -> EngineConfig:
         if self.backend != "local" and not self.urls:
             raise ValueError(f"engine.backend = {self.backend!r} needs engine.urls = [...]")
+        if self.quantize != "none" and (self.backend, self.device, self.dtype, self.fast_path) != (
+            "local",
+            "cpu",
+            "bfloat16",
+            "auto",
+        ):
+            raise ValueError(
+                f"engine.quantize = {self.quantize!r} is for the embedded engine's lean forward on CPU: "
+                "it needs engine.backend = 'local', engine.device = 'cpu', engine.dtype = 'bfloat16' "
+                "and engine.fast_path = 'auto'"
+            )
         return self

@@ -12,8 +12,10 @@ float32 on x86), which otherwise re-lays them out on every call; in float32 on 2
 EPYC cores a packed LM head over 28 rows takes ~23 ms against ~45-58 ms for MKL's sgemm.
 
 Values match transformers' forward for the same weights and dtype (tests compare logits and
-keys/values). `FastForward.supports(model)` says which models take this path: Llama, Mistral
-and Qwen2 layouts with SiLU gating and full attention; any other model keeps transformers'.
+keys/values). With `quantize="int4"` (`engine.quantize`) the linear layers' weights are quantized to
+4 bits (`quantize_int4`) and the forward is that of the dequantized weights.
+`FastForward.supports(model)` says which models take this path: Llama, Mistral and Qwen2 layouts
+with SiLU gating and full attention; any other model keeps transformers'.
 Call `refresh()` after loading new weights, so the fused and packed copies follow.
 """
 
@@ -64,6 +66,55 @@ class _Linear:
         return F.linear(x, self.weight, self.bias)
 
 
+GROUP = 32  # input columns sharing a 4-bit scale and zero (GGUF's Q4_1 block)
+INT4_ROWS = 8  # a linear over at most this many tokens reads the 4-bit weights; a bigger one the bfloat16 copy
+
+
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weights (N, K) to 4 bits, asymmetric in groups of `GROUP` input columns: w ≈ (q - 8)·scale + zero,
+    q in 0..15 (the min/max layout of GGUF's Q4_1). Returns q (N, K) int32, scale and zero (K/GROUP,
+    N, 2) bfloat16 as PyTorch's CPU int4 kernel takes them, and the dequantized weights (N, K)
+    bfloat16: exactly the weights that kernel multiplies by (scale and zero rounded to bfloat16
+    first, and q chosen against the rounded ones)."""
+    n, k = weight.shape
+    w = weight.float().view(n, k // GROUP, GROUP)
+    low, high = w.amin(-1), w.amax(-1)
+    scale = ((high - low) / 15).clamp(min=1e-8).bfloat16().float()
+    zero = (low + 8 * scale).bfloat16().float()
+    q = ((w - zero[..., None]) / scale[..., None] + 8).round().clamp(0, 15)
+    dequantized = ((q - 8) * scale[..., None] + zero[..., None]).view(n, k).bfloat16()
+    scale_zero = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().bfloat16()
+    return q.view(n, k).to(torch.int32), scale_zero, dequantized
+
+
+def can_quantize(weight: torch.Tensor) -> bool:
+    return (
+        weight.device.type == "cpu"
+        and weight.shape[1] % GROUP == 0
+        and weight.shape[0] % 16 == 0  # the kernel packs 16 output rows together
+        and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    )
+
+
+class _Int4Linear:
+    """y = x Wᵀ + b with W quantized to 4 bits (`quantize_int4`). A decode step of a few rows is bound
+    by reading the weights, so linears over at most `INT4_ROWS` tokens use the 4-bit kernel (a
+    quarter of bfloat16's bytes); the kernel falls behind oneDNN's from ~16 rows, so bigger ones use
+    a bfloat16 copy of the same dequantized weights: every step computes with the same weights."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
+        q, self.scale_zero, dequantized = quantize_int4(weight)
+        self.packed4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        self.bias = None if bias is None else bias.bfloat16()
+        self.dense = _Linear(dequantized, self.bias, pack)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > INT4_ROWS:
+            return self.dense(x)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed4, GROUP, self.scale_zero)
+        return y if self.bias is None else y + self.bias
+
+
 def _bias(*linears: torch.nn.Linear) -> torch.Tensor | None:
     if all(lin.bias is None for lin in linears):
         return None
@@ -83,8 +134,9 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 class FastForward:
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, quantize: str = "none") -> None:
         self.model = model
+        self.quantize = quantize
         cfg = model.config
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
@@ -106,7 +158,7 @@ class FastForward:
         return all(hasattr(inner, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb"))
 
     def refresh(self) -> None:
-        """Rebuild the fused (and packed) weights from the model's parameters."""
+        """Rebuild the fused (and packed, or quantized) weights from the model's parameters."""
         m = self.model.model
         weight = m.embed_tokens.weight
         pack = can_pack(weight.dtype, weight.device)
@@ -117,27 +169,32 @@ class FastForward:
                 self.layers.append(
                     {
                         "norm_in": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-                        "qkv": _Linear(
+                        "qkv": self._linear(
                             torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
                             _bias(a.q_proj, a.k_proj, a.v_proj),
                             pack,
                         ),
-                        "o": _Linear(a.o_proj.weight, a.o_proj.bias, pack),
+                        "o": self._linear(a.o_proj.weight, a.o_proj.bias, pack),
                         "norm_post": (
                             layer.post_attention_layernorm.weight,
                             layer.post_attention_layernorm.variance_epsilon,
                         ),
-                        "gate_up": _Linear(
+                        "gate_up": self._linear(
                             torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
                             _bias(mlp.gate_proj, mlp.up_proj),
                             pack,
                         ),
-                        "down": _Linear(mlp.down_proj.weight, mlp.down_proj.bias, pack),
+                        "down": self._linear(mlp.down_proj.weight, mlp.down_proj.bias, pack),
                     }
                 )
             self.norm = (m.norm.weight, m.norm.variance_epsilon)
             head = self.model.lm_head
-            self.head = _Linear(head.weight, head.bias, pack)
+            self.head = self._linear(head.weight, head.bias, pack)
+
+    def _linear(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> _Linear | _Int4Linear:
+        if self.quantize == "int4" and can_quantize(weight):
+            return _Int4Linear(weight, bias, pack)
+        return _Linear(weight, bias, pack)
 
     def __call__(self, segments: list[Segment]) -> torch.Tensor:
         """Logits (sum of rows, vocab) in segment order: each row's `last` position (all positions

@@ -262,14 +262,20 @@ class LocalEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **options).to(self._device).eval()
         if self.cfg.fast_path == "auto" and self._device.type == "cpu" and FastForward.supports(self.model):
-            self._fast = FastForward(self.model)
+            self._fast = FastForward(self.model, self.cfg.quantize)
+        elif self.cfg.quantize != "none":
+            raise EngineUnavailable(
+                f"engine.quantize = {self.cfg.quantize!r} needs a model the lean forward runs "
+                f"(Llama, Mistral or Qwen2 layouts); {path} is not one"
+            )
         release_freed_memory()  # what loading, converting and packing freed
         log.info(
             "loaded %s on %s (%s%s) in %.1fs",
             path,
             self._device,
             dtype,
-            ", lean forward" if self._fast is not None else "",
+            (", lean forward" if self._fast is not None else "")
+            + (f", {self.cfg.quantize} weights" if self.cfg.quantize != "none" else ""),
             time.perf_counter() - t0,
         )
         eos = set()

@@ -23,9 +23,13 @@ def _pair():
     return grouped, eager
 
 
-@pytest.fixture(params=["grouped", "sdpa fallback"])
+@pytest.fixture(params=["grouped", "sdpa for few-row decode steps", "sdpa fallback"])
 def path(request, monkeypatch):
-    if request.param == "sdpa fallback":  # every forward over the score limit
+    if request.param == "grouped":  # no forward goes to SDPA
+        monkeypatch.setattr(attention, "DECODE_SDPA_ROWS", {})
+    elif request.param == "sdpa for few-row decode steps":
+        monkeypatch.setattr(attention, "DECODE_SDPA_ROWS", {torch.float32: 2})
+    else:  # every forward over the score limit
         monkeypatch.setattr(attention, "MAX_SCORES", 0)
     return request.param
 

@@ -5,6 +5,8 @@ without the cache, and a weight update empties it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import torch
 
@@ -57,13 +59,23 @@ def test_least_recently_used_blocks_go_first_and_a_shared_start_stays():
     assert len(PrefixCache(max_tokens=0).match(a)) == 0
 
 
+@contextlib.asynccontextmanager
+async def cached_and_plain() -> AsyncIterator[tuple[LocalEngine, LocalEngine]]:
+    """The default engine, and one without a prefix cache to compare its answers with."""
+    cached = LocalEngine(EngineConfig())
+    plain = LocalEngine(EngineConfig(prefix_cache_tokens=0))
+    await cached.start()
+    await plain.start()
+    try:
+        yield cached, plain
+    finally:
+        await cached.stop()
+        await plain.stop()
+
+
 def test_engine_reuses_a_shared_prefix_and_answers_as_without_it(perturbed_weights):
     async def main():
-        cached = LocalEngine(EngineConfig())
-        plain = LocalEngine(EngineConfig(prefix_cache_tokens=0))
-        await cached.start()
-        await plain.start()
-        try:
+        async with cached_and_plain() as (cached, plain):
             renderer = Renderer(cached.tokenizer, cached.info.eos_token_ids)
             questions = ["What is 2 + 2?", "Name a colour.", "What is the capital of France?"]
             prompts = [
@@ -97,9 +109,6 @@ def test_engine_reuses_a_shared_prefix_and_answers_as_without_it(perturbed_weigh
             ref = await generate(plain, prompts[0], greedy, request_id="e")
             assert (await cached.health())["cached_prompt_tokens"] == before  # computed afresh
             assert x.output_ids == ref.output_ids and set(x.versions) == {1}
-        finally:
-            await cached.stop()
-            await plain.stop()
 
     asyncio.run(main())
 
@@ -109,11 +118,7 @@ def test_next_turn_reuses_the_previous_reply_and_answers_as_without_it():
     the exact tokens): only the new part and the last partial block are computed."""
 
     async def main():
-        cached = LocalEngine(EngineConfig())
-        plain = LocalEngine(EngineConfig(prefix_cache_tokens=0))
-        await cached.start()
-        await plain.start()
-        try:
+        async with cached_and_plain() as (cached, plain):
             renderer = Renderer(cached.tokenizer, cached.info.eos_token_ids)
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tell me about rivers."}]
             ids = renderer.prompt(messages, None, None).ids
@@ -130,8 +135,5 @@ def test_next_turn_reuses_the_previous_reply_and_answers_as_without_it():
                     # new: the last reply's final token and the follow-up; at most a block's worth before it
                     assert len(follow) + 1 <= computed < len(follow) + 1 + BLOCK, (turn, computed)
                 ids = ids + x.output_ids + follow
-        finally:
-            await cached.stop()
-            await plain.stop()
 
     asyncio.run(main())

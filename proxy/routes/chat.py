@@ -19,7 +19,7 @@ from proxy.chat_request import TOOL_CHOICE_HEADER, chat_request, header_tool_cho
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.errors import APIError
 from proxy.routes.common import JsonRoute, json_response, sse, unless_disconnected
-from proxy.routes.deps import CallerDep, Completions, State
+from proxy.routes.deps import CallerDep, Completions, State, model_call
 from proxy.schemas.chat import ChatCompletionRequest
 
 router = APIRouter(route_class=JsonRoute)
@@ -58,8 +58,7 @@ def _headers(turn: Turn) -> dict[str, str]:
     return {"x-request-id": turn.response_id, "x-areal-session-id": turn.session_id}
 
 
-@router.post("/v1/chat/completions")
-@router.post("/sessions/{session_id}/v1/chat/completions")
+@model_call(router, "/v1/chat/completions", "/sessions/{session_id}/v1/chat/completions")
 async def chat_completions(
     request: Request, body: ChatCompletionRequest, caller: CallerDep, completions: Completions, state: State
 ) -> Response:

@@ -26,7 +26,7 @@ from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.errors import APIError, invalid_request
 from proxy.reply import ReplyBuilder
 from proxy.routes.common import JsonRoute, json_response, sse, unless_disconnected
-from proxy.routes.deps import CallerDep, Completions, State
+from proxy.routes.deps import CallerDep, Completions, State, model_call
 from proxy.schemas.completions import CompletionRequest
 
 router = APIRouter(route_class=JsonRoute)
@@ -127,8 +127,7 @@ def _headers(turn: Turn) -> dict[str, str]:
     return {"x-request-id": turn.response_id, "x-areal-session-id": turn.session_id}
 
 
-@router.post("/v1/completions")
-@router.post("/sessions/{session_id}/v1/completions")
+@model_call(router, "/v1/completions", "/sessions/{session_id}/v1/completions")
 async def completions_route(
     request: Request, body: CompletionRequest, caller: CallerDep, completions: Completions, state: State
 ) -> Response:

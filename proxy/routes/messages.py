@@ -33,7 +33,7 @@ from proxy.config import ProxyConfig
 from proxy.conversation import normalize_messages
 from proxy.errors import APIError, invalid_request
 from proxy.routes.common import JsonRoute, anthropic_type, json_response, unless_disconnected
-from proxy.routes.deps import CallerDep, Completions, State
+from proxy.routes.deps import CallerDep, Completions, State, model_call
 from proxy.schemas.messages import Block, CountTokensRequest, MessagesRequest
 
 router = APIRouter(route_class=JsonRoute)
@@ -244,8 +244,7 @@ def message_object(state: Any, turn: Turn, model: str, result: ChoiceResult | No
 
 
 # -- route --------------------------------------------------------------------------
-@router.post("/v1/messages")
-@router.post("/sessions/{session_id}/v1/messages")
+@model_call(router, "/v1/messages", "/sessions/{session_id}/v1/messages")
 async def create_message(
     request: Request, body: MessagesRequest, caller: CallerDep, completions: Completions, state: State
 ) -> Response:
@@ -349,8 +348,7 @@ async def _stream(
     yield _event("message_stop")
 
 
-@router.post("/v1/messages/count_tokens")
-@router.post("/sessions/{session_id}/v1/messages/count_tokens")
+@model_call(router, "/v1/messages/count_tokens", "/sessions/{session_id}/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, caller: CallerDep, completions: Completions, state: State) -> Response:
     """`{"input_tokens": N}`: the length of the prompt a Messages call with this body would start
     from (as a new root: rendered, not continued). Nothing is recorded."""

@@ -33,7 +33,7 @@ from proxy.conversation import content_text, normalize_messages
 from proxy.errors import APIError, invalid_request, not_found
 from proxy.routes.chat import token_logprobs, usage
 from proxy.routes.common import JsonRoute, json_response, unless_disconnected
-from proxy.routes.deps import CallerDep, Completions, State
+from proxy.routes.deps import CallerDep, Completions, State, model_call
 from proxy.schemas.responses import InputItem, NamedFunctionChoice, ResponsesRequest
 from proxy.sessions import Caller
 from proxy.store.turns import response_messages
@@ -293,8 +293,7 @@ def _logprobs(state: Any, turn: Turn, result: ChoiceResult) -> list[dict]:
 
 
 # -- route --------------------------------------------------------------------------
-@router.post("/v1/responses")
-@router.post("/sessions/{session_id}/v1/responses")
+@model_call(router, "/v1/responses", "/sessions/{session_id}/v1/responses")
 async def create_response(
     request: Request, body: ResponsesRequest, caller: CallerDep, completions: Completions, state: State
 ) -> Response:

@@ -4,7 +4,8 @@
 counters (completions, oldest/newest weight version), creating an automatic
 session in the same statement batch when the call starts one. A named session
 takes completions only while open: if another replica closed it meanwhile, the
-counters update matches nothing and the caller rolls the turn back. `turn_recorded`
+counters update matches nothing and the caller rolls the turn back. Its statements run on the
+driver's cursor (`proxy/store/driver.py`): they are every answered call's. `turn_recorded`
 tells whether a turn whose COMMIT was cut off landed after all. Rewards are
 raw per turn; returns are what `rewards/returns.py` computed over the tree.
 """
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Row, case, or_, select, update
+from sqlalchemy import Connection, Row, select, update
 
+from proxy.store.driver import execute, insert_rows
 from proxy.store.schema import completions, sessions
 from proxy.store.sessions import auto_session_row
 
@@ -32,24 +34,33 @@ def record_turn(
 
     `versions` is the (oldest, newest) weight version of the sampled tokens, if any.
     """
-    lo, hi = versions if versions is not None else (None, None)
     if new_auto_session:  # born with its first completions: one statement fewer
+        lo, hi = versions if versions is not None else (None, None)
         session = {**auto_session_row(session_id, now), "num_completions": len(rows)}
-        conn.execute(sessions.insert(), [{**session, "min_version": lo, "max_version": hi}])
-        conn.execute(completions.insert(), rows)
+        insert_rows(conn, sessions, [{**session, "min_version": lo, "max_version": hi}])
+        insert_rows(conn, completions, rows)
         return True
-    conn.execute(completions.insert(), rows)
-    values: dict[str, Any] = {"num_completions": sessions.c.num_completions + len(rows), "updated_at": now}
+    insert_rows(conn, completions, rows)
+    return execute(conn, *_count_turn(session_id, len(rows), now, versions)) > 0
+
+
+def _count_turn(session_id: str, n: int, now: float, versions: tuple[int, int] | None) -> tuple[str, tuple[Any, ...]]:
+    """The UPDATE of a session's counters for `n` more completions, matching it only while it takes
+    them (open, or automatic)."""
+    params: list[Any] = [n, now]
+    span = ""
     if versions is not None:
-        values["min_version"] = case(
-            (sessions.c.min_version.is_(None), lo), (sessions.c.min_version > lo, lo), else_=sessions.c.min_version
+        lo, hi = versions
+        span = (
+            ", min_version = CASE WHEN min_version IS NULL OR min_version > ? THEN ? ELSE min_version END"
+            ", max_version = CASE WHEN max_version IS NULL OR max_version < ? THEN ? ELSE max_version END"
         )
-        values["max_version"] = case(
-            (sessions.c.max_version.is_(None), hi), (sessions.c.max_version < hi, hi), else_=sessions.c.max_version
-        )
-    still_open = or_(sessions.c.status == "open", sessions.c.auto.is_(True))
-    done = conn.execute(sessions.update().where(sessions.c.id == session_id, still_open).values(**values))
-    return done.rowcount > 0
+        params += [lo, lo, hi, hi]
+    sql = (
+        f"UPDATE sessions SET num_completions = num_completions + ?, updated_at = ?{span}"
+        " WHERE id = ? AND (status = ? OR auto = ?)"
+    )
+    return sql, (*params, session_id, "open", True)
 
 
 def turn_recorded(conn: Connection, completion_id: str) -> bool:

@@ -108,7 +108,7 @@ class ModelCallRoute(JsonRoute):
                 args["caller"] = await caller(request)
             if "completions" in wanted:
                 args["completions"] = await ready_completions(state)
-            if data is None:  # no body, or JSON null: FastAPI's missing body
+            if data is _NO_BODY:
                 raise validation_error([{"type": "missing", "loc": ("body",), "msg": "Field required"}])
             try:
                 args["body"] = model.model_validate(data, from_attributes=True)
@@ -120,10 +120,13 @@ class ModelCallRoute(JsonRoute):
         return route
 
 
+_NO_BODY = object()
+
+
 async def _json_body(request: JsonRequest) -> Any:
-    """The parsed body (None for an empty one)."""
+    """The parsed body, or `_NO_BODY`."""
     if not await request.body():
-        return None
+        return _NO_BODY
     try:
         return await request.json()
     except orjson.JSONDecodeError as exc:

@@ -1,0 +1,146 @@
+"""The model-call routes skip FastAPI's request handler (`ModelCallRoute`); they must answer every
+body exactly as FastAPI's handler with the same dependencies does. One app serves the same endpoint
+both ways (uvicorn on a free port), for each client API's body model, and every answer is compared:
+status, headers that matter, body. The services are a stand-in whose readiness the test switches,
+so the order of checks (body parsed, services, body validated) is compared too."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from starlette.responses import Response
+
+from proxy.app import BodyLimit, install_error_handlers
+from proxy.errors import engine_unavailable
+from proxy.routes.common import JsonRoute, json_response
+from proxy.routes.deps import CallerDep, Completions, ModelCallRoute, State
+from proxy.schemas.chat import ChatCompletionRequest
+from proxy.schemas.completions import CompletionRequest
+from proxy.schemas.messages import MessagesRequest
+from proxy.schemas.responses import ResponsesRequest
+
+MODELS = {
+    "chat/completions": ChatCompletionRequest,
+    "responses": ResponsesRequest,
+    "messages": MessagesRequest,
+    "completions": CompletionRequest,
+}
+
+
+@dataclass
+class Services:
+    """What the routes' dependencies read from the app's state."""
+
+    ready: bool = True
+    completions: object = field(default_factory=object)
+
+    def require_ready(self) -> None:
+        if not self.ready:
+            raise engine_unavailable("the model is loading")
+
+
+def _endpoint(model: type) -> Any:
+    async def endpoint(
+        request: Request, body: Any, caller: CallerDep, completions: Completions, state: State
+    ) -> Response:
+        return json_response(
+            {
+                "body": body.model_dump(mode="json", exclude_unset=True),
+                "session": caller.path_session,
+                "token": caller.token,
+                "episode": caller.episode,
+                "services": completions is state.completions,
+            }
+        )
+
+    endpoint.__annotations__["body"] = model  # a local name: not resolvable from the annotation's text
+    return endpoint
+
+
+def _app(services: Services) -> FastAPI:
+    app = FastAPI(docs_url=None, redoc_url=None)
+    app.state.areal = services
+    install_error_handlers(app)
+    for name, model in MODELS.items():
+        for kind, route_class in (("fastapi", JsonRoute), ("lean", ModelCallRoute)):
+            router = APIRouter(route_class=route_class)
+            for path in (f"/{kind}/v1/{name}", f"/{kind}/sessions/{{session_id}}/v1/{name}"):
+                router.add_api_route(path, _endpoint(model), methods=["POST"])
+            app.include_router(router)
+    app.add_middleware(BodyLimit, limit=4096)
+    return app
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[str, Services]]:
+    services = Services()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(_app(services), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the test server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", services
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+BODIES: list[tuple[str, bytes, dict[str, str]]] = [
+    ("empty", b"", {}),
+    ("null", b"null", {}),
+    ("truncated JSON", b'{"model": "m", "messages": [', {}),
+    ("NaN", b'{"model": NaN}', {}),
+    ("lone surrogate", b'{"model": "\\ud800"}', {}),
+    ("a list", b"[1, 2]", {}),
+    ("a string", b'"hello"', {}),
+    ("an empty object", b"{}", {}),
+    ("wrong types", b'{"model": 5, "messages": "hi", "max_tokens": "x", "prompt": 3, "input": 4}', {}),
+    ("unknown field", b'{"model": "m", "messages": [], "frobnicate": true}', {}),
+    ("form content type", b'{"model": "m"}', {"content-type": "application/x-www-form-urlencoded"}),
+    ("too large", b'{"model": "' + b"x" * 5000 + b'"}', {}),
+    (
+        "valid chat",
+        b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}',
+        {"authorization": "Bearer key-1", "x-areal-episode": "ep-7"},
+    ),
+    ("valid responses", b'{"model": "m", "input": "hi", "max_output_tokens": 16}', {}),
+    ("valid messages", b'{"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}', {}),
+    ("valid completion", b'{"model": "m", "prompt": "Once upon", "max_tokens": 4}', {}),
+]
+
+
+def _answer(response: httpx.Response) -> tuple[int, str | None, str | None, Any]:
+    headers = response.headers
+    return response.status_code, headers.get("content-type"), headers.get("retry-after"), response.json()
+
+
+@pytest.mark.parametrize("ready", [True, False], ids=["ready", "loading"])
+@pytest.mark.parametrize("api", list(MODELS))
+def test_model_call_route_answers_as_fastapi(served: tuple[str, Services], api: str, ready: bool) -> None:
+    url, services = served
+    services.ready = ready
+    statuses = set()
+    with httpx.Client(timeout=30) as client:
+        for label, content, headers in BODIES:
+            for prefix in ("", "/sessions/s-1"):
+                expected = client.post(f"{url}/fastapi{prefix}/v1/{api}", content=content, headers=headers)
+                got = client.post(f"{url}/lean{prefix}/v1/{api}", content=content, headers=headers)
+                assert _answer(got) == _answer(expected), f"{api} {label} {prefix or '/'}"
+                statuses.add(expected.status_code)
+    # The bodies reach every outcome: valid, refused, too large, and the 503 while loading.
+    assert statuses == ({200, 400, 413} if ready else {400, 413, 503})

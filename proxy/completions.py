@@ -330,7 +330,10 @@ class CompletionService:
         a turn is stored if and only if its generation finished.
         """
         with self._in_flight(turn.session_id):
-            results = await asyncio.gather(*(self._choice(turn, i, None) for i in range(turn.request.n)))
+            if turn.request.n == 1:  # most calls: no task of its own
+                results = [await self._choice(turn, 0, None)]
+            else:
+                results = await asyncio.gather(*(self._choice(turn, i, None) for i in range(turn.request.n)))
             await asyncio.shield(self.record(turn, list(results)))
         return list(results)
 

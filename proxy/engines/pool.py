@@ -230,7 +230,9 @@ def http_client(timeout_s: float, api_key: str = "") -> aiohttp.ClientSession:
     Idle connections are dropped after `ENGINE_KEEP_ALIVE_S`, before a server under uvicorn's
     default keep-alive (5 s; SGLang and vLLM serve with uvicorn) drops them: a request sent on
     a connection the server was closing at that moment fails unsent, and took a healthy server
-    out of rotation (a session then moved to another server: seen in CI).
+    out of rotation (a session then moved to another server: seen in CI). No cookie jar: engines
+    set no cookie the proxy needs, and a jar would carry one server's cookies to the others (and
+    filters them on every request).
     """
     timeout = aiohttp.ClientTimeout(total=None, connect=min(timeout_s, 10.0), sock_read=timeout_s)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=ENGINE_KEEP_ALIVE_S)
@@ -241,6 +243,7 @@ def http_client(timeout_s: float, api_key: str = "") -> aiohttp.ClientSession:
         trust_env=False,
         json_serialize=lambda obj: orjson.dumps(obj).decode(),
         auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
     )
 
 

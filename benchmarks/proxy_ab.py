@@ -1,0 +1,94 @@
+"""Our proxy from two (or more) source trees, side by side in one run: before and after a change.
+
+On a shared machine one proxy's requests/s moves by a third from run to run, more than most changes
+move it; alternating the versions in rounds, in front of the same instant engine, and comparing
+medians separates the change from the machine. Each round starts each version fresh (`areal-proxy
+serve` on SQLite, pinned to core 0, its source tree first on PYTHONPATH) and measures sequential
+latency and requests/s and CPU per request at 32 in flight, as `proxy_overhead.py` does.
+
+    git worktree add /tmp/before HEAD~1
+    python benchmarks/proxy_ab.py before=/tmp/before after=. [--rounds 4] [--requests 3000] [--postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.proxy_overhead import concurrent, ours, pct, pin, sequential, tree_cpu, wait_answering  # noqa: E402
+from tests.conftest import fresh_pg_database  # noqa: E402
+from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy  # noqa: E402
+
+
+def one_round(name: str, source: Path, engine_url: str, db_url: str, args: argparse.Namespace, tmp: Path) -> dict:
+    target = ours(engine_url, db_url, name, tmp)
+    env = {**target.env, "PYTHONPATH": str(source)}
+    log = tmp / f"{name}.log"
+    proc = start_process([*pin(0), *target.argv], log, cwd=target.cwd, env=env)
+    try:
+        wait_answering(target.url, target.model, proc, log)
+        seq = asyncio.run(sequential(target.url, target.model, args.sequential))
+        con = asyncio.run(concurrent(target.url, target.model, args.requests, 32, tree_cpu(proc.pid)))
+    finally:
+        stop_process(proc, 30)
+    return {
+        "rps": con["rps"],
+        "cpu_ms": con["cpu_ms_per_request"],
+        "seq_p50_ms": pct(seq, 0.5),
+        "p99_over_p50": pct(con["times"], 0.99) / pct(con["times"], 0.5),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("versions", nargs="+", help="NAME=SOURCE_TREE, e.g. before=/tmp/before after=.")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=3000, help="concurrent requests a round")
+    parser.add_argument("--sequential", type=int, default=300, help="sequential requests a round")
+    parser.add_argument("--postgres", action="store_true", help="a fresh PostgreSQL database a round, not SQLite")
+    args = parser.parse_args()
+    versions = [(name, Path(path).resolve()) for name, path in (v.split("=", 1) for v in args.versions)]
+    if hasattr(os, "sched_setaffinity") and os.cpu_count() > 1:
+        os.sched_setaffinity(0, {1})
+    tmp = Path(tempfile.mkdtemp(prefix="areal-ab-"))
+    port = free_port()
+    engine_url = f"http://127.0.0.1:{port}"
+    argv = [*pin(1), sys.executable, str(REPO / "benchmarks/instant_engine.py"), "--port", str(port)]
+    engine = start_process(argv, tmp / "engine.log", env={"HF_HUB_OFFLINE": "1"})
+    results: dict[str, list[dict]] = {name: [] for name, _ in versions}
+    try:
+        wait_healthy(engine_url, engine, timeout=300, log_path=tmp / "engine.log")
+        for r in range(args.rounds):
+            for name, source in versions:
+                with contextlib.ExitStack() as stack:
+                    db = stack.enter_context(fresh_pg_database()) if args.postgres else f"sqlite:///{tmp}/{name}-{r}.db"
+                    row = one_round(name, source, engine_url, db, args, tmp)
+                results[name].append(row)
+                print(
+                    f"round {r} {name}: {row['rps']:.0f} req/s, {row['cpu_ms']:.3f} ms CPU a request, "
+                    f"sequential p50 {row['seq_p50_ms']:.2f} ms, p99/p50 at 32 {row['p99_over_p50']:.2f}",
+                    flush=True,
+                )
+    finally:
+        stop_process(engine, 30)
+    print("| version | req/s at 32 (median) | CPU per request | sequential p50 | rounds |")
+    print("|---|---:|---:|---:|---|")
+    for name, rows in results.items():
+        rps = statistics.median(r["rps"] for r in rows)
+        cpu = statistics.median(r["cpu_ms"] for r in rows)
+        seq = statistics.median(r["seq_p50_ms"] for r in rows)
+        each = ", ".join(f"{r['rps']:.0f}" for r in rows)
+        print(f"| {name} | {rps:,.0f} | {cpu:.2f} ms | {seq:.2f} ms | {each} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import statistics
 import sys
 import tempfile
@@ -24,9 +23,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.proxy_overhead import concurrent, ours, pct, pin, sequential, tree_cpu, wait_answering  # noqa: E402
+from benchmarks.proxy_overhead import (  # noqa: E402
+    concurrent,
+    instant_engine,
+    ours,
+    pct,
+    pin,
+    sequential,
+    tree_cpu,
+    wait_answering,
+)
 from tests.conftest import fresh_pg_database  # noqa: E402
-from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy  # noqa: E402
+from trainer.launch.processes import start_process, stop_process  # noqa: E402
 
 
 def one_round(name: str, source: Path, engine_url: str, db_url: str, args: argparse.Namespace, tmp: Path) -> dict:
@@ -57,16 +65,9 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="a fresh PostgreSQL database a round, not SQLite")
     args = parser.parse_args()
     versions = [(name, Path(path).resolve()) for name, path in (v.split("=", 1) for v in args.versions)]
-    if hasattr(os, "sched_setaffinity") and os.cpu_count() > 1:
-        os.sched_setaffinity(0, {1})
     tmp = Path(tempfile.mkdtemp(prefix="areal-ab-"))
-    port = free_port()
-    engine_url = f"http://127.0.0.1:{port}"
-    argv = [*pin(1), sys.executable, str(REPO / "benchmarks/instant_engine.py"), "--port", str(port)]
-    engine = start_process(argv, tmp / "engine.log", env={"HF_HUB_OFFLINE": "1"})
     results: dict[str, list[dict]] = {name: [] for name, _ in versions}
-    try:
-        wait_healthy(engine_url, engine, timeout=300, log_path=tmp / "engine.log")
+    with instant_engine(tmp) as engine_url:
         for r in range(args.rounds):
             for name, source in versions:
                 with contextlib.ExitStack() as stack:
@@ -78,8 +79,6 @@ def main() -> None:
                     f"sequential p50 {row['seq_p50_ms']:.2f} ms, p99/p50 at 32 {row['p99_over_p50']:.2f}",
                     flush=True,
                 )
-    finally:
-        stop_process(engine, 30)
     print("| version | req/s at 32 (median) | CPU per request | sequential p50 | rounds |")
     print("|---|---:|---:|---:|---|")
     for name, rows in results.items():

@@ -28,7 +28,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -273,6 +273,22 @@ def ratios(rows: list[dict]) -> list[str]:
     return out
 
 
+@contextlib.contextmanager
+def instant_engine(tmp: Path) -> Iterator[str]:
+    """This load generator on core 1 and the instant engine beside it: its URL while it runs."""
+    if hasattr(os, "sched_setaffinity") and os.cpu_count() > 1:
+        os.sched_setaffinity(0, {1})
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [*pin(1), sys.executable, str(REPO / "benchmarks/instant_engine.py"), "--port", str(port)]
+    engine = start_process(argv, tmp / "engine.log", env={"HF_HUB_OFFLINE": "1"})
+    try:
+        wait_healthy(url, engine, timeout=300, log_path=tmp / "engine.log")
+        yield url
+    finally:
+        stop_process(engine, 30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000, help="sequential requests; twice as many concurrent")
@@ -282,16 +298,9 @@ def main() -> None:
     parser.add_argument("--front", action="store_true", help="also ours on SQLite through `areal-proxy front`")
     parser.add_argument("--json", default="", help="write the rows here as well")
     args = parser.parse_args()
-    if hasattr(os, "sched_setaffinity") and os.cpu_count() > 1:
-        os.sched_setaffinity(0, {1})
     tmp = Path(tempfile.mkdtemp(prefix="areal-overhead-"))
-    engine_port = free_port()
-    engine_url = f"http://127.0.0.1:{engine_port}"
-    engine_argv = [*pin(1), sys.executable, str(REPO / "benchmarks/instant_engine.py"), "--port", str(engine_port)]
-    engine = start_process(engine_argv, tmp / "engine.log", env={"HF_HUB_OFFLINE": "1"})
     rows: list[dict] = []
-    try:
-        wait_healthy(engine_url, engine, timeout=300, log_path=tmp / "engine.log")
+    with instant_engine(tmp) as engine_url:
         direct = f"{engine_url}/v1/chat/completions"
         direct_seq = asyncio.run(sequential(direct, "m", args.requests))
         direct_con = asyncio.run(concurrent(direct, "m", args.requests * 2, args.concurrency, lambda: 0.0))
@@ -322,8 +331,6 @@ def main() -> None:
             for target in targets:
                 print(f"measuring {target.name} {target.version} ...", file=sys.stderr)
                 rows.append(measure(target, direct_seq, args, tmp))
-    finally:
-        stop_process(engine, 30)
     print(table(rows, args.concurrency))
     for line in ratios(rows):
         print(line)

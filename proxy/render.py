@@ -103,7 +103,6 @@ class Renderer:
         # again in Python (~25 µs a prompt) and gives the same ids, once it has set the encoder up as it
         # wants it (no truncation or padding, its special-token splitting), which `encode` checks.
         self._backend = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
-        self._split_special = bool(getattr(tokenizer, "split_special_tokens", False))
 
     # -- rendering ------------------------------------------------------------------
     def _template_messages(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict]:
@@ -161,7 +160,7 @@ class Renderer:
             backend is not None
             and backend.truncation is None
             and backend.padding is None
-            and backend.encode_special_tokens == self._split_special
+            and backend.encode_special_tokens == bool(getattr(self.tokenizer, "split_special_tokens", False))
         ):
             return backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -14,6 +14,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -170,6 +171,28 @@ def cli_process(
         yield url, proc, log
     finally:
         stop_process(proc, 20)
+
+
+@contextlib.contextmanager
+def serve_app(app: Any) -> Iterator[str]:
+    """An ASGI app of the test's own under uvicorn in a thread (no lifespan), on a free port: its URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "the test's server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(5)
+        sock.close()
 
 
 @contextlib.contextmanager

@@ -3,12 +3,8 @@
 import asyncio
 import json
 import socket
-import threading
-import time
-from contextlib import contextmanager
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
@@ -17,6 +13,7 @@ from proxy.engines.config import EngineConfig
 from proxy.engines.pool import ServerError, ServerPool, WeightVersions, error_from_body, sse_data
 from proxy.engines.sglang import SGLangEngine
 from proxy.engines.vllm import VLLMEngine
+from tests.conftest import serve_app
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 
@@ -376,25 +373,6 @@ def canned_sglang(calls: list, model_dir: str, *, broken: bool = False) -> FastA
     return app
 
 
-@contextmanager
-def serve(app: FastAPI):
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "canned server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(5)
-        sock.close()
-
-
 @pytest.fixture
 def model_dir(tmp_path):
     config = {"model_type": "llama", "vocab_size": 32, "hidden_size": 8, "num_hidden_layers": 1,
@@ -409,8 +387,8 @@ def test_sglang_engine_end_to_end_drops_a_failing_server(model_dir):
     good_calls: list = []
     bad_calls: list = []
     with (
-        serve(canned_sglang(bad_calls, model_dir, broken=True)) as bad,
-        serve(canned_sglang(good_calls, model_dir)) as good,
+        serve_app(canned_sglang(bad_calls, model_dir, broken=True)) as bad,
+        serve_app(canned_sglang(good_calls, model_dir)) as good,
     ):
         cfg = EngineConfig(backend="sglang", urls=[bad, good], retries=2, retry_dead_after_s=60.0, timeout_s=10)
 
@@ -483,7 +461,7 @@ def test_sglang_engine_end_to_end_drops_a_failing_server(model_dir):
 def test_sglang_engine_never_regenerates_after_tokens_were_streamed(model_dir):
     calls: list = []
     other_calls: list = []
-    with serve(canned_sglang(calls, model_dir)) as url, serve(canned_sglang(other_calls, model_dir)) as other:
+    with serve_app(canned_sglang(calls, model_dir)) as url, serve_app(canned_sglang(other_calls, model_dir)) as other:
         cfg = EngineConfig(backend="sglang", urls=[url, other], retries=2, timeout_s=10)
 
         async def scenario():
@@ -604,7 +582,7 @@ def canned_vllm(calls: list, model_dir: str) -> FastAPI:
 
 def test_vllm_engine_end_to_end(model_dir):
     calls: list = []
-    with serve(canned_vllm(calls, model_dir)) as url:
+    with serve_app(canned_vllm(calls, model_dir)) as url:
 
         async def scenario():
             engine = VLLMEngine(EngineConfig(backend="vllm", urls=[url], timeout_s=10))

@@ -6,16 +6,12 @@ so the order of checks (body parsed, services, body validated) is compared too."
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
@@ -27,6 +23,7 @@ from proxy.schemas.chat import ChatCompletionRequest
 from proxy.schemas.completions import CompletionRequest
 from proxy.schemas.messages import MessagesRequest
 from proxy.schemas.responses import ResponsesRequest
+from tests.conftest import serve_app
 
 MODELS = {
     "chat/completions": ChatCompletionRequest,
@@ -83,21 +80,8 @@ def _app(services: Services) -> FastAPI:
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[str, Services]]:
     services = Services()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(_app(services), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", services
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with serve_app(_app(services)) as url:
+        yield url, services
 
 
 BODIES: list[tuple[str, bytes, dict[str, str]]] = [
@@ -144,3 +128,14 @@ def test_model_call_route_answers_as_fastapi(served: tuple[str, Services], api: 
                 statuses.add(expected.status_code)
     # The bodies reach every outcome: valid, refused, too large, and the 503 while loading.
     assert statuses == ({200, 400, 413} if ready else {400, 413, 503})
+
+
+def test_a_model_call_route_refuses_a_parameter_it_cannot_fill() -> None:
+    """Registration fails, not the first call: the route fills only the five model-call parameters."""
+
+    async def endpoint(body: ChatCompletionRequest, session_id: str) -> Response:
+        return json_response({})
+
+    router = APIRouter(route_class=JsonRoute)
+    with pytest.raises(TypeError, match=r"takes no \['session_id'\]"):
+        router.add_api_route("/v1/chat/completions", endpoint, methods=["POST"], route_class_override=ModelCallRoute)

@@ -9,12 +9,13 @@ from proxy.engines.base import SamplingParams
 from proxy.engines.config import EngineConfig
 from proxy.engines.sglang import SGLangEngine
 from proxy.engines.vllm import VLLMEngine
-from tests.engines.test_pool import canned_sglang, canned_vllm, generate, model_dir, serve  # noqa: F401
+from tests.conftest import serve_app
+from tests.engines.test_pool import canned_sglang, canned_vllm, generate, model_dir  # noqa: F401
 
 
 def test_sglang_loads_adapters_by_name_and_requests_name_the_newest(model_dir):  # noqa: F811
     calls: list = []
-    with serve(canned_sglang(calls, model_dir)) as url:
+    with serve_app(canned_sglang(calls, model_dir)) as url:
 
         async def scenario():
             engine = SGLangEngine(EngineConfig(backend="sglang", urls=[url], timeout_s=10))
@@ -45,7 +46,7 @@ def test_sglang_loads_adapters_by_name_and_requests_name_the_newest(model_dir): 
 
 def test_vllm_loads_adapters_by_name_and_requests_name_them_as_the_model(model_dir):  # noqa: F811
     calls: list = []
-    with serve(canned_vllm(calls, model_dir)) as url:
+    with serve_app(canned_vllm(calls, model_dir)) as url:
 
         async def scenario():
             engine = VLLMEngine(EngineConfig(backend="vllm", urls=[url], timeout_s=10))

@@ -4,10 +4,11 @@ On a shared machine one proxy's requests/s moves by a third from run to run, mor
 move it; alternating the versions in rounds, in front of the same instant engine, and comparing
 medians separates the change from the machine. Each round starts each version fresh (`areal-proxy
 serve` on SQLite, pinned to core 0, its source tree first on PYTHONPATH) and measures sequential
-latency and requests/s and CPU per request at 32 in flight, as `proxy_overhead.py` does.
+latency and requests/s and CPU per request at 32 in flight, as `proxy_overhead.py` does; `--agent`
+sends an agent's request (a system prompt and six tools, ~1,000 prompt tokens) instead of one line.
 
     git worktree add /tmp/before HEAD~1
-    python benchmarks/proxy_ab.py before=/tmp/before after=. [--rounds 4] [--requests 3000] [--postgres]
+    python benchmarks/proxy_ab.py before=/tmp/before after=. [--rounds 4] [--requests 3000] [--postgres] [--agent]
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def one_round(name: str, source: Path, engine_url: str, db_url: str, args: argpa
     proc = start_process([*pin(0), *target.argv], log, cwd=target.cwd, env=env)
     try:
         wait_answering(target.url, target.model, proc, log)
-        seq = asyncio.run(sequential(target.url, target.model, args.sequential))
-        con = asyncio.run(concurrent(target.url, target.model, args.requests, 32, tree_cpu(proc.pid)))
+        seq = asyncio.run(sequential(target.url, target.model, args.sequential, args.agent))
+        con = asyncio.run(concurrent(target.url, target.model, args.requests, 32, tree_cpu(proc.pid), args.agent))
     finally:
         stop_process(proc, 30)
     return {
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000, help="concurrent requests a round")
     parser.add_argument("--sequential", type=int, default=300, help="sequential requests a round")
     parser.add_argument("--postgres", action="store_true", help="a fresh PostgreSQL database a round, not SQLite")
+    parser.add_argument("--agent", action="store_true", help="an agent's request: system prompt and six tools")
     args = parser.parse_args()
     versions = [(name, Path(path).resolve()) for name, path in (v.split("=", 1) for v in args.versions)]
     tmp = Path(tempfile.mkdtemp(prefix="areal-ab-"))

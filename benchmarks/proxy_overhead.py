@@ -44,17 +44,44 @@ from tests.conftest import PG_ADMIN_URL, fresh_pg_database  # noqa: E402
 from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy  # noqa: E402
 
 
-def body(i: int, model: str) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": f"Request {i}: say hello."}], "max_tokens": 16}
+def body(i: int, model: str, agent: bool = False) -> dict:
+    """A one-line question; with `agent`, as a tool-using agent asks it: a system prompt and six tools
+    (~1,000 prompt tokens with SmolLM2's tool section), the same on every call."""
+    question = {"role": "user", "content": f"Request {i}: say hello."}
+    if not agent:
+        return {"model": model, "messages": [question], "max_tokens": 16}
+    system = {"role": "system", "content": "You are a careful travel agent. Check before you answer. " * 12}
+    return {"model": model, "messages": [system, question], "tools": AGENT_TOOLS, "max_tokens": 16}
+
+
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"lookup_{topic}",
+            "description": f"Look up the {topic} for a city on a date, in the units the user asked for.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "the city"},
+                    "date": {"type": "string", "description": "the date, YYYY-MM-DD"},
+                    "units": {"type": "string", "enum": ["metric", "imperial"]},
+                },
+                "required": ["city"],
+            },
+        },
+    }
+    for topic in ("weather", "flights", "hotels", "trains", "museums", "restaurants")
+]
 
 
 class Failed(Exception):
     pass
 
 
-async def post(session: aiohttp.ClientSession, url: str, model: str, i: int) -> float:
+async def post(session: aiohttp.ClientSession, url: str, model: str, i: int, agent: bool = False) -> float:
     t = time.perf_counter()
-    async with session.post(url, json=body(i, model)) as r:
+    async with session.post(url, json=body(i, model, agent)) as r:
         text = await r.read()
         if r.status != 200:
             raise Failed(f"{r.status}: {text[:300]!r}")
@@ -63,17 +90,19 @@ async def post(session: aiohttp.ClientSession, url: str, model: str, i: int) -> 
 
 # The load generator uses aiohttp: httpx costs ~2 ms of client CPU per request, which would make the
 # client, not the servers, the limit.
-async def sequential(url: str, model: str, n: int) -> list[float]:
+async def sequential(url: str, model: str, n: int, agent: bool = False) -> list[float]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         for i in range(20):  # warm-up
-            await post(session, url, model, i)
-        return [await post(session, url, model, i) for i in range(n)]
+            await post(session, url, model, i, agent)
+        return [await post(session, url, model, i, agent) for i in range(n)]
 
 
-async def concurrent(url: str, model: str, n: int, concurrency: int, cpu: Callable[[], float]) -> dict:
+async def concurrent(
+    url: str, model: str, n: int, concurrency: int, cpu: Callable[[], float], agent: bool = False
+) -> dict:
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120), connector=connector) as session:
-        await asyncio.gather(*(post(session, url, model, i) for i in range(concurrency)))  # warm-up
+        await asyncio.gather(*(post(session, url, model, i, agent) for i in range(concurrency)))  # warm-up
         times: list[float] = []
         errors: list[str] = []
         queue = list(range(n))
@@ -81,7 +110,7 @@ async def concurrent(url: str, model: str, n: int, concurrency: int, cpu: Callab
         async def worker() -> None:
             while queue:
                 try:
-                    times.append(await post(session, url, model, queue.pop()))
+                    times.append(await post(session, url, model, queue.pop(), agent))
                 except Failed as exc:  # counted and shown: one peer's client sometimes loses a race
                     errors.append(str(exc))
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from proxy.errors import invalid_request
 from proxy.parsers import choose
+from proxy.prompt_encoder import PromptEncoder
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -99,10 +100,7 @@ class Renderer:
             {tokenizer.convert_ids_to_tokens(i) for i in eos_token_ids if i is not None}, key=len, reverse=True
         )
         self._eos_ids = set(eos_token_ids)
-        # A fast tokenizer's Rust encoder, called directly: transformers' `encode` around it costs as much
-        # again in Python (~25 µs a prompt) and gives the same ids, once it has set the encoder up as it
-        # wants it (no truncation or padding, its special-token splitting), which `encode` checks.
-        self._backend = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
+        self.encoder = PromptEncoder(tokenizer)
 
     # -- rendering ------------------------------------------------------------------
     def _template_messages(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict]:
@@ -155,15 +153,7 @@ class Renderer:
             raise invalid_request(f"the model's chat template rejected these messages: {exc}", "messages") from None
 
     def encode(self, text: str) -> list[int]:
-        backend = self._backend
-        if (
-            backend is not None
-            and backend.truncation is None
-            and backend.padding is None
-            and backend.encode_special_tokens == bool(getattr(self.tokenizer, "split_special_tokens", False))
-        ):
-            return backend.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.encoder.encode(text)
 
     # -- prompts --------------------------------------------------------------------
     def prompt(

@@ -24,7 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("proxy.store", "proxy.runtime"),  # 1: the only SQL; devices, model files, attention
     (  # 2: pure parts: rendering, reply parsers, engines, wire schemas, reward scoring
-        "proxy.conversation", "proxy.parsers", "proxy.render", "proxy.reply", "proxy.chat_request", "proxy.schemas",
+        "proxy.conversation", "proxy.parsers", "proxy.render", "proxy.prompt_encoder", "proxy.reply",
+        "proxy.chat_request", "proxy.schemas",
         "proxy.engines",
         "proxy.tree_view", "rewards",
     ),

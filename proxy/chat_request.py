@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from proxy.conversation import normalize_messages
 from proxy.engines.grammar import ANY_JSON_OBJECT, serialize
 from proxy.errors import invalid_request
@@ -91,7 +93,7 @@ class ChatRequest:
         """Characters of message text, tool-call arguments and tool schemas: what rendering costs."""
         size = sum(len(m.get("content") or "") for m in self.messages)
         size += sum(len(c["function"]["arguments"]) for m in self.messages for c in m.get("tool_calls") or ())
-        return size + (len(json.dumps(self.tools)) if self.tools else 0)
+        return size + (len(orjson.dumps(self.tools)) if self.tools else 0)
 
     def sampling(self) -> dict[str, Any]:
         return {

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from proxy.errors import invalid_request
 from proxy.parsers import choose
 from proxy.prompt_encoder import PromptEncoder
@@ -41,6 +43,7 @@ To call a function, reply with a JSON object holding its name and arguments betw
 {example}
 </tool_call>"""
 
+_SECTIONS_KEPT = 256  # tool sections kept, by their tools' JSON; a deployment's agents have a few sets
 _PLACEHOLDERS = {"string": "...", "integer": 0, "number": 0, "boolean": False, "array": [], "object": {}}
 
 
@@ -101,6 +104,7 @@ class Renderer:
         )
         self._eos_ids = set(eos_token_ids)
         self.encoder = PromptEncoder(tokenizer)
+        self._sections: dict[bytes, str] = {}
 
     # -- rendering ------------------------------------------------------------------
     def _template_messages(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict]:
@@ -134,14 +138,25 @@ class Renderer:
                     t = {"role": "tool", "content": f"<tool_response>\n{t['content']}\n</tool_response>"}
             out.append(t)
         if tools and not self.native_tools:
-            section = _TOOL_SECTION.format(
-                signatures="\n".join(json.dumps(tool) for tool in tools), example=_example_call(tools[0])
-            )
+            section = self._tool_section(tools)
             if out and out[0]["role"] == "system":
                 out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{section}" if out[0]["content"] else section}
             else:
                 out.insert(0, {"role": "system", "content": section})
         return out
+
+    def _tool_section(self, tools: list[dict]) -> str:
+        """The system prompt's tool section; an agent sends the same tools on every call, so the
+        section is kept by the tools' compact JSON (the same text, a twentieth of the cost)."""
+        key = orjson.dumps(tools)
+        section = self._sections.get(key)
+        if section is None:
+            signatures = "\n".join(json.dumps(tool) for tool in tools)
+            section = _TOOL_SECTION.format(signatures=signatures, example=_example_call(tools[0]))
+            if len(self._sections) >= _SECTIONS_KEPT:
+                self._sections.clear()
+            self._sections[key] = section
+        return section
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> str:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": generation_prompt}

@@ -40,14 +40,20 @@ class Wire(BaseModel):
 
 
 def _depth(value: Any, limit: int = MAX_JSON_DEPTH) -> Any:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth > limit:
-                raise ValueError(f"nested deeper than {limit} levels")
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
+    """`value` if nested at most `limit` levels; level by level, looking only at containers (a tool's
+    parameter schema is walked on every call)."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            raise ValueError(f"nested deeper than {limit} levels")
+        below = []
+        for item in level:
+            for child in item.values() if isinstance(item, dict) else item:
+                if isinstance(child, (dict, list)):
+                    below.append(child)
+        level = below
     return value
 
 

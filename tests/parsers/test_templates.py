@@ -128,3 +128,21 @@ def test_qwen3_dropping_past_reasoning_is_detected(tokenizer):
     reply = {"role": "assistant", "content": "4", "reasoning_content": "Easy."}
     parent = ParentTokens(full_ids=first.ids + sampled, num_messages=2, ended_with_eos=True)
     assert not r.prompt([*messages, reply, {"role": "user", "content": "3+3?"}], None, parent).parent_used
+
+
+def test_the_default_templates_tool_section_follows_each_set_of_tools(tokenizer):
+    """SmolLM2's template takes no tools: a section listing them is added to the system prompt, kept
+    per set of tools. Sets that differ only where compact JSON still differs each get their own."""
+    r = Renderer(tokenizer, (tokenizer.eos_token_id,))
+    assert not r.native_tools
+    variants = [[WEATHER]]
+    for change in ({"description": "Météo, 24 h"}, {"description": 1.0}, {"description": 1}, {"description": True}):
+        variants.append([{**WEATHER, "function": {**WEATHER["function"], **change}}])
+    variants.append([WEATHER, variants[1][0]])
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
+    first = [r.render(messages, tools, True) for tools in variants]
+    for tools, text in zip(variants * 2, first * 2, strict=True):  # again, now from what was kept
+        rendered = r.render(messages, tools, True)
+        assert rendered == text
+        assert "\n".join(json.dumps(t) for t in tools) in rendered
+    assert len(set(first)) == len(variants)

@@ -232,3 +232,26 @@ def test_the_engine_server_refuses_hostile_requests_and_keeps_serving(engine_ser
     ok = engine_server.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}})
     assert ok.status_code == 200 and len(ok.json()["output_ids"]) == 3
     assert engine_server.stats()["restarts"] == 0
+
+
+@pytest.mark.parametrize("levels", [1, 31, 32, 33, 100])
+def test_nesting_is_counted_to_the_limit_exactly(levels):
+    """A schema or value nested exactly `MAX_JSON_DEPTH` levels passes and one more is refused, however
+    the levels mix objects and lists and wherever the deepest branch sits among shallow ones."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from proxy.schemas.common import MAX_JSON_DEPTH, JsonValue
+
+    value: Any = "leaf"
+    for i in range(levels - 1):  # a container a level, its shallow siblings no deeper than the chain below
+        if i == 0:
+            value = ["shallow", value]
+        else:
+            value = [1, {"x": 2}, value] if i % 2 else {"shallow": [3], "deep": value, "z": {}}
+    value = {"top": value} if levels > 1 else {"top": 0}
+    adapter = TypeAdapter(JsonValue)
+    if levels <= MAX_JSON_DEPTH:
+        assert adapter.validate_python(value) == value
+    else:
+        with pytest.raises(ValidationError, match=f"nested deeper than {MAX_JSON_DEPTH} levels"):
+            adapter.validate_python(value)

@@ -15,7 +15,10 @@ over the direct call at p50/p99 (sequential), requests/s and p50/p99 at `--concu
 the proxy's CPU time per request (its whole process tree, over the concurrent phase). Then ours against
 the best peer. Only ratios within one run mean anything on a shared machine.
 
-    python benchmarks/proxy_overhead.py [--requests 1000] [--concurrency 32] [--postgres] [--front] [--json F]
+    python benchmarks/proxy_overhead.py [--requests 1000] [--concurrency 32] [--postgres] [--front] [--agent] [--json F]
+
+`--agent` sends what a tool-using agent sends on every call (a system prompt and six tools, ~1,000
+prompt tokens once rendered) instead of a one-line question.
 """
 
 from __future__ import annotations
@@ -227,8 +230,8 @@ def measure(target: Target, direct_seq: list[float], args: argparse.Namespace, t
             answered += wait_answering(url, target.model, front, tmp / "front.log")
             replica_cpu, front_cpu = cpu, tree_cpu(front.pid)
             cpu = lambda: replica_cpu() + front_cpu()  # noqa: E731
-        seq = asyncio.run(sequential(url, target.model, args.requests))
-        con = asyncio.run(concurrent(url, target.model, args.requests * 2, args.concurrency, cpu))
+        seq = asyncio.run(sequential(url, target.model, args.requests, args.agent))
+        con = asyncio.run(concurrent(url, target.model, args.requests * 2, args.concurrency, cpu, args.agent))
         time.sleep(2)  # a peer that records after answering has had time to write the last ones
         recorded = target.recorded()
     finally:
@@ -325,14 +328,15 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help=f"also ours on a fresh database at {PG_ADMIN_URL}")
     parser.add_argument("--no-peers", action="store_true", help="leave out the peers even where installed")
     parser.add_argument("--front", action="store_true", help="also ours on SQLite through `areal-proxy front`")
+    parser.add_argument("--agent", action="store_true", help="an agent's request: system prompt and six tools")
     parser.add_argument("--json", default="", help="write the rows here as well")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="areal-overhead-"))
     rows: list[dict] = []
     with instant_engine(tmp) as engine_url:
         direct = f"{engine_url}/v1/chat/completions"
-        direct_seq = asyncio.run(sequential(direct, "m", args.requests))
-        direct_con = asyncio.run(concurrent(direct, "m", args.requests * 2, args.concurrency, lambda: 0.0))
+        direct_seq = asyncio.run(sequential(direct, "m", args.requests, args.agent))
+        direct_con = asyncio.run(concurrent(direct, "m", args.requests * 2, args.concurrency, lambda: 0.0, args.agent))
         rows.append(
             {
                 "name": "direct",

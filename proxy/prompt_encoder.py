@@ -1,14 +1,15 @@
 """Prompt text to token ids, with the pieces between special tokens remembered.
 
-A fast tokenizer cuts its input at special tokens before anything else and encodes each piece on
-its own, so a prompt's ids are the pieces' ids with the special tokens' ids between them. Agents
+A fast tokenizer cuts its input at its added tokens matched on the raw text (the special tokens,
+as a rule) before anything else and encodes each piece on its own, so a prompt's ids are the
+pieces' ids with those tokens' ids between them. Agents
 send the same pieces again and again (a system prompt and tool schemas on every new episode, a
 GRPO group's prompt n times, each template's `assistant\\n`), and encoding costs about a
 microsecond a token while holding the GIL; a remembered piece costs a dictionary lookup.
 
 Only where that holds exactly: the Rust encoder as transformers leaves it (no truncation or
-padding, special tokens split), special tokens matched as plain strings (no stripping, whole
-words, or normalization), and a pre-tokenizer that treats every piece alike, which Metaspace
+padding, special tokens split), those tokens matched as plain strings (no stripping or whole
+words), and a pre-tokenizer that treats every piece alike, which Metaspace
 prepending only at the start of the text does not. Anything else goes to transformers whole.
 """
 
@@ -47,14 +48,16 @@ def _piecewise(pre_tokenizer: dict | None) -> bool:
     return kind in _PIECEWISE
 
 
-def _special_pattern(backend: Any) -> tuple[re.Pattern[str] | None, dict[str, int]]:
-    """The special tokens as one leftmost-longest pattern and their ids; no pattern when a special
-    token is matched other than as its plain string."""
+def _first_pass_pattern(backend: Any) -> tuple[re.Pattern[str] | None, dict[str, int]]:
+    """The added tokens the tokenizer cuts the raw text at (those it matches unnormalized, special
+    or not) as one leftmost-longest pattern, and their ids; no pattern when one of them is matched
+    other than as its plain string. Added tokens matched after normalization are found inside each
+    piece by the encoder itself, as it finds them in the whole text."""
     ids: dict[str, int] = {}
     for token_id, token in backend.get_added_tokens_decoder().items():
-        if not token.special:
-            continue  # matched inside each piece by the encoder itself, as in the whole text
-        if token.lstrip or token.rstrip or token.single_word or (token.normalized and backend.normalizer is not None):
+        if token.normalized:
+            continue
+        if token.lstrip or token.rstrip or token.single_word:
             return None, {}
         ids[token.content] = token_id
     if not ids:
@@ -72,11 +75,11 @@ class PromptEncoder:
         self.tokenizer = tokenizer
         self.backend = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
         self.pattern: re.Pattern[str] | None = None
-        self.special_ids: dict[str, int] = {}
+        self.cut_ids: dict[str, int] = {}
         if self.backend is not None:
             pre = self.backend.pre_tokenizer
             if _piecewise(json.loads(pre.__getstate__()) if pre is not None else None):
-                self.pattern, self.special_ids = _special_pattern(self.backend)
+                self.pattern, self.cut_ids = _first_pass_pattern(self.backend)
         self.cache_tokens = cache_tokens
         self._pieces: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._held = 0
@@ -103,7 +106,7 @@ class PromptEncoder:
         parts = self.pattern.split(text)
         for i, part in enumerate(parts):
             if i % 2:
-                ids.append(self.special_ids[part])
+                ids.append(self.cut_ids[part])
             elif part:
                 ids.extend(self._piece(part))
         return ids

@@ -107,6 +107,20 @@ def test_pre_tokenizer_kinds(name, pre_tokenizer, pieces):
         assert naive(tok, text) != tok.encode(text, add_special_tokens=False)
 
 
+def test_an_unnormalized_plain_added_token_cuts_the_text_as_special_ones_do():
+    """The tokenizer cuts the raw text at every added token it matches unnormalized, special or not,
+    leftmost first: one that starts before an overlapping special token wins."""
+    tok = built(BYTE_LEVEL)
+    tok.backend_tokenizer.add_tokens([AddedToken("a<|", special=False, normalized=False)])
+    enc = PromptEncoder(tok)
+    text = "a<|im_start|>b <tool_call> c<|im_end|>"
+    whole = tok.encode(text, add_special_tokens=False)
+    assert tok.convert_tokens_to_ids("a<|") in whole  # the plain token won the overlap
+    assert enc.encode(text) == whole
+    assert enc.encode(text) == whole
+    assert naive(tok, text) != whole  # cutting at the special tokens alone gets it wrong
+
+
 def test_a_special_token_that_strips_spaces_is_left_to_the_tokenizer():
     tok = built(BYTE_LEVEL, lstrip=True)
     enc = PromptEncoder(tok)

@@ -2,15 +2,16 @@
 
 A fast tokenizer cuts its input at its added tokens matched on the raw text (the special tokens,
 as a rule) before anything else and encodes each piece on its own, so a prompt's ids are the
-pieces' ids with those tokens' ids between them. Agents
-send the same pieces again and again (a system prompt and tool schemas on every new episode, a
-GRPO group's prompt n times, each template's `assistant\\n`), and encoding costs about a
-microsecond a token while holding the GIL; a remembered piece costs a dictionary lookup.
+pieces' ids with those tokens' ids between them. Agents send the same pieces again and again (a
+system prompt and tool schemas on every new episode, a GRPO group's prompt n times, each
+template's `assistant\\n`), and encoding costs about a microsecond a token while holding the GIL;
+a remembered piece costs a dictionary lookup.
 
 Only where that holds exactly: the Rust encoder as transformers leaves it (no truncation or
 padding, special tokens split), those tokens matched as plain strings (no stripping or whole
-words), and a pre-tokenizer that treats every piece alike, which Metaspace
-prepending only at the start of the text does not. Anything else goes to transformers whole.
+words), and a pre-tokenizer that treats every piece alike, which Metaspace prepending only at the
+start of the text does not. Otherwise the whole text is encoded at once: by the Rust encoder while
+transformers' settings allow it, else by transformers.
 """
 
 from __future__ import annotations

@@ -29,13 +29,13 @@ def smollm():
     return AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy"))
 
 
-def built(pre_tokenizer, specials=SPECIALS, lstrip=False) -> PreTrainedTokenizerFast:
+def built(pre_tokenizer, lstrip=False) -> PreTrainedTokenizerFast:
     tk = Tokenizer(models.BPE(unk_token=None))
     tk.pre_tokenizer = pre_tokenizer
     tk.decoder = decoders.ByteLevel()
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     tk.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, initial_alphabet=alphabet))
-    tk.add_special_tokens([AddedToken(s, special=True, lstrip=lstrip, normalized=False) for s in specials])
+    tk.add_special_tokens([AddedToken(s, special=True, lstrip=lstrip, normalized=False) for s in SPECIALS])
     tk.add_tokens([AddedToken("<tool_call>", special=False)])
     return PreTrainedTokenizerFast(tokenizer_object=tk)
 
@@ -57,10 +57,10 @@ texts = st.lists(
     max_size=12,
 ).map("".join)
 
-SLOW = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+EXAMPLES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-@SLOW
+@EXAMPLES
 @given(text=texts)
 def test_the_default_tokenizer_gives_the_same_ids_cold_and_warm(smollm, text):
     enc = PromptEncoder(smollm, cache_tokens=64)

@@ -26,6 +26,8 @@ import orjson
 from sqlalchemy import JSON, Connection, Table
 from sqlalchemy import exc as sa_exc
 
+Rows = Sequence[dict[str, Any]]  # dicts with the same keys, named by column
+
 
 def _json_text(value: Any) -> str:
     # SQLAlchemy's JSON type stores None as the JSON `null` too (none_as_null=False).
@@ -41,23 +43,70 @@ def _native(sql: str, paramstyle: str) -> str:
 
 
 @lru_cache(maxsize=64)
-def _insert_sql(table: Table, columns: tuple[str, ...], paramstyle: str) -> tuple[str, tuple[bool, ...]]:
-    """The INSERT for `columns` of `table` in the driver's parameter style, and which columns are JSON."""
-    sql = f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})"
+def _insert_sql(table: Table, columns: tuple[str, ...], paramstyle: str, n: int = 1) -> tuple[str, tuple[bool, ...]]:
+    """The INSERT of `n` rows of `columns` into `table` in the driver's parameter style, and which
+    columns are JSON."""
+    row = f"({', '.join('?' for _ in columns)})"
+    sql = f"INSERT INTO {table.name} ({', '.join(columns)}) VALUES {', '.join(row for _ in range(n))}"
     return _native(sql, paramstyle), tuple(isinstance(table.c[name].type, JSON) for name in columns)
 
 
-def insert_rows(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+def _values(rows: Rows, columns: tuple[str, ...], is_json: tuple[bool, ...]) -> list[tuple]:
+    return [tuple(_json_text(row[c]) if j else row[c] for c, j in zip(columns, is_json, strict=True)) for row in rows]
+
+
+def insert_rows(conn: Connection, table: Table, rows: Rows) -> None:
     """Insert `rows` (dicts with the same keys, named by column) into `table`, as `conn.execute(table.insert(),
     rows)` would: columns left out take their database default."""
     columns = tuple(rows[0])
     sql, is_json = _insert_sql(table, columns, conn.dialect.paramstyle)
-    params = [tuple(_json_text(row[c]) if j else row[c] for c, j in zip(columns, is_json, strict=True)) for row in rows]
+    params = _values(rows, columns, is_json)
     with driver_cursor(conn, sql) as cursor:
         if len(params) == 1:
             cursor.execute(sql, params[0])
         else:
             cursor.executemany(sql, params)
+
+
+def insert_with_parents(conn: Connection, parents: Table, parent_rows: Rows, table: Table, rows: Rows) -> None:
+    """Insert `parent_rows` into `parents` and `rows`, which refer to them, into `table`.
+
+    On PostgreSQL that is one statement, the parents' INSERT in a WITH clause (its foreign keys are
+    checked at the statement's end, when both are in): one round trip, and one statement for the
+    server to run, where two INSERTs cost two. SQLite has no INSERT in WITH, and nothing to gain
+    from it in-process: two statements there.
+    """
+    if conn.dialect.name != "postgresql":
+        insert_rows(conn, parents, parent_rows)
+        insert_rows(conn, table, rows)
+        return
+    head_columns, columns = tuple(parent_rows[0]), tuple(rows[0])
+    head, head_json = _insert_sql(parents, head_columns, conn.dialect.paramstyle, len(parent_rows))
+    tail, is_json = _insert_sql(table, columns, conn.dialect.paramstyle, len(rows))
+    sql = f"WITH new_{parents.name} AS ({head}) {tail}"
+    params = [v for row in _values(parent_rows, head_columns, head_json) + _values(rows, columns, is_json) for v in row]
+    with driver_cursor(conn, sql) as cursor:
+        cursor.execute(sql, params)
+
+
+def insert_rows_and_execute(conn: Connection, table: Table, rows: Rows, sql: str, params: tuple[Any, ...]) -> int:
+    """Insert `rows` into `table` and run `sql` (an UPDATE or a DELETE written with `?` placeholders);
+    the number of rows `sql` matched.
+
+    On PostgreSQL that is one statement: `sql` in a WITH clause, what it matched counted in the INSERT's
+    RETURNING; SQLite has no UPDATE in WITH: two statements there.
+    """
+    if conn.dialect.name != "postgresql":
+        insert_rows(conn, table, rows)
+        return execute(conn, sql, params)
+    columns = tuple(rows[0])
+    insert, is_json = _insert_sql(table, columns, conn.dialect.paramstyle, len(rows))
+    statement = f"WITH matched AS ({_native(sql, conn.dialect.paramstyle)} RETURNING 1) {insert}"
+    statement += " RETURNING (SELECT count(*) FROM matched)"
+    values = [*params, *(v for row in _values(rows, columns, is_json) for v in row)]
+    with driver_cursor(conn, statement) as cursor:
+        cursor.execute(statement, values)
+        return cursor.fetchone()[0]
 
 
 def execute(conn: Connection, sql: str, params: tuple[Any, ...]) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, select, update
 
-from proxy.store.driver import execute, insert_rows
+from proxy.store.driver import insert_rows_and_execute, insert_with_parents
 from proxy.store.schema import completions, sessions
 from proxy.store.sessions import auto_session_row
 
@@ -37,11 +37,9 @@ def record_turn(
     if new_auto_session:  # born with its first completions: one statement fewer
         lo, hi = versions if versions is not None else (None, None)
         session = {**auto_session_row(session_id, now), "num_completions": len(rows)}
-        insert_rows(conn, sessions, [{**session, "min_version": lo, "max_version": hi}])
-        insert_rows(conn, completions, rows)
+        insert_with_parents(conn, sessions, [{**session, "min_version": lo, "max_version": hi}], completions, rows)
         return True
-    insert_rows(conn, completions, rows)
-    return execute(conn, *_count_turn(session_id, len(rows), now, versions)) > 0
+    return insert_rows_and_execute(conn, completions, rows, *_count_turn(session_id, len(rows), now, versions)) > 0
 
 
 def _count_turn(session_id: str, n: int, now: float, versions: tuple[int, int] | None) -> tuple[str, tuple[Any, ...]]:

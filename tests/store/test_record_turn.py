@@ -85,14 +85,14 @@ def test_a_named_session_takes_turns_only_while_open(db: Database, status: str) 
     spans = [(5, 6), (3, 4), (7, 9), None]
     taken = [
         db.transaction(
-            lambda c, i=i, s=s: record_turn(c, "named", rows("named", f"t{i}"), now + i, s, new_auto_session=False)
+            lambda c, i=i, s=s: record_turn(c, "named", rows("named", f"t{i}", 2), now + i, s, new_auto_session=False)
         )
         for i, s in enumerate(spans)
     ]
     session = db.read(lambda c: get_session(c, "named"))
     if status == "open":
         assert taken == [True] * 4
-        assert (session.num_completions, session.min_version, session.max_version) == (4, 3, 9)
+        assert (session.num_completions, session.min_version, session.max_version) == (8, 3, 9)
         assert session.updated_at == now + 3
     else:
         assert taken == [False] * 4  # the caller rolls the rows back; the counters are untouched

@@ -2,7 +2,7 @@
 
 `record_turn` writes every choice of one call together with its session's
 counters (completions, oldest/newest weight version), creating an automatic
-session in the same statement batch when the call starts one. A named session
+session with them when the call starts one: one statement on PostgreSQL. A named session
 takes completions only while open: if another replica closed it meanwhile, the
 counters update matches nothing and the caller rolls the turn back. Its statements run on the
 driver's cursor (`proxy/store/driver.py`): they are every answered call's. `turn_recorded`

@@ -46,6 +46,13 @@ class EngineConfig(Section):
     them), bigger steps a bfloat16 copy of the same dequantized weights. The engine's policy is then
     the quantized model: the logprobs it records are that model's, the trainer's decoupled objective
     weighs the gap to its own, and each weight update is quantized again."""
+    context_length: int = Field(default=0, ge=0)
+    """Longest sequence (prompt and reply together) a call may reach, in tokens; 0: the model's own
+    (the embedded engine's `max_position_embeddings`, what an engine server reports). A smaller value
+    caps it, as vLLM's `--max-model-len` and SGLang's `--context-length` do: replies stop there,
+    `max_tokens` past it is clamped or refused as for the model's own limit, longer prompts are
+    refused. For a model whose configured window is longer than it was trained for, or a machine
+    without the memory for a full-length sequence."""
     prefix_cache_tokens: int = Field(default=8192, ge=0)
     """Prompt tokens whose keys/values the embedded engine keeps to reuse for later prompts that
     begin the same way (a shared system prompt, an agent's earlier turns); 0: off."""

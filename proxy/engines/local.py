@@ -286,6 +286,8 @@ class LocalEngine:
                 eos.update(source)
         self._vocab = int(self.model.get_input_embeddings().num_embeddings)
         ctx = getattr(self.model.config, "max_position_embeddings", None) or 4096
+        if self.cfg.context_length:
+            ctx = min(ctx, self.cfg.context_length)
         self._info = ModelInfo(model_path=path, max_context=int(ctx), eos_token_ids=tuple(sorted(eos)))
         self._batch.bind(self.model, self.tokenizer, self._info, self._device, self._fast)
 

@@ -172,7 +172,9 @@ class RemoteEngine(ABC):
         self.model_id = first.served_id
         self.merges_adapters = all(m.merges_adapters for _, m in found)
         served, kv_limit = await self._served_context(server, first)
-        self._info = await resolve_model_info(list(first.names), self.cfg.model, served, kv_limit)
+        self._info = await resolve_model_info(
+            list(first.names), self.cfg.model, served, kv_limit, cap=self.cfg.context_length
+        )
 
     async def _describe(self, server: Server) -> ServedModel | None:
         """`_read_model`, or None with the server out of rotation when it cannot say."""
@@ -290,13 +292,13 @@ FALLBACK_CONTEXT = 4096  # when neither the server nor the model config names a 
 
 
 async def resolve_model_info(
-    reported: list[Any], configured: str, served_context: int | None, kv_limit: int | None = None
+    reported: list[Any], configured: str, served_context: int | None, kv_limit: int | None = None, *, cap: int = 0
 ) -> ModelInfo:
     """`ModelInfo` from what a server reports and the model's own config files.
 
     The tokenizer path is a reported path that exists here, else a reported hub id, else the
     configured model; the context length is the server's, else the config's, capped by the
-    server's KV-cache capacity.
+    server's KV-cache capacity and by `cap` (`engine.context_length`) when set.
     """
     names = [str(p) for p in reported if p]
     local = [n for n in [*names, configured] if Path(n).expanduser().exists()]
@@ -307,8 +309,9 @@ async def resolve_model_info(
     if not max_context:
         log.warning("context length of %s unknown; assuming %d", model_path, FALLBACK_CONTEXT)
         max_context = FALLBACK_CONTEXT
-    if kv_limit:
-        max_context = min(max_context, kv_limit)
+    for limit in (kv_limit, cap):
+        if limit:
+            max_context = min(max_context, limit)
     return ModelInfo(model_path=model_path, max_context=max_context, eos_token_ids=eos)
 
 

@@ -383,6 +383,24 @@ def model_dir(tmp_path):
     return str(tmp_path)
 
 
+@pytest.mark.parametrize(("cap", "expected"), [(600, 600), (4096, 1024), (0, 1024)])
+def test_engine_context_length_caps_what_the_server_reports(model_dir, cap, expected):
+    """`engine.context_length` below the server's context (2048, its KV capacity 1024) is the
+    context; above it, or 0, changes nothing."""
+    with serve_app(canned_sglang([], model_dir)) as url:
+        cfg = EngineConfig(backend="sglang", urls=[url], context_length=cap, timeout_s=10)
+
+        async def scenario():
+            engine = SGLangEngine(cfg)
+            await engine.start()
+            try:
+                return engine.info.max_context
+            finally:
+                await engine.stop()
+
+        assert asyncio.run(scenario()) == expected
+
+
 def test_sglang_engine_end_to_end_drops_a_failing_server(model_dir):
     good_calls: list = []
     bad_calls: list = []

@@ -23,6 +23,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "messages_shapes"
 SHAPES = sorted(p.stem for p in FIXTURES.glob("*.json"))
 DOC = Path(__file__).parents[2] / "docs" / "frameworks.md"
 CAP = 48
+CONTEXT = 512
 TEMPLATES = Path(__file__).parents[1] / "parsers" / "templates"
 ASK = [{"role": "user", "content": "What is 2+3?"}]
 
@@ -31,6 +32,16 @@ ASK = [{"role": "user", "content": "What is 2+3?"}]
 def capped(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("shapes")
     with run_server(tmp, f"sqlite:///{tmp}/areal.db", "--set", f"proxy.messages_max_tokens_cap={CAP}") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def short_context(tmp_path_factory):
+    """A server whose context `engine.context_length` cuts to CONTEXT tokens: filling it takes a CPU
+    seconds, where the model's own 8,192 took a minute."""
+    tmp = tmp_path_factory.mktemp("short")
+    args = ("--set", f"proxy.messages_max_tokens_cap={CAP}", "--set", f"engine.context_length={CONTEXT}")
+    with run_server(tmp, f"sqlite:///{tmp}/areal.db", *args) as server:
         yield server
 
 
@@ -168,26 +179,37 @@ def test_a_claude_code_conversation_is_one_token_exact_chain(capped):
     ]
 
 
-def test_max_tokens_past_the_context_is_served_up_to_it(capped):
+def test_max_tokens_past_the_context_is_served_up_to_it(short_context):
     """Clamped: a prompt that leaves fewer tokens than the cap is answered up to the context's last
-    token, stop_reason max_tokens."""
+    token, stop_reason max_tokens. The context is `engine.context_length`'s, well inside the model's
+    8,192 tokens: a prompt past it is refused."""
 
     def prompt_tokens(n: int) -> int:
         body = {"model": "m", "messages": [{"role": "user", "content": "one " * n}]}
-        return httpx.post(capped.url + "/v1/messages/count_tokens", json=body, timeout=120).json()["input_tokens"]
+        r = httpx.post(short_context.url + "/v1/messages/count_tokens", json=body, timeout=120)
+        return r.json()["input_tokens"]
 
-    base, per_word = prompt_tokens(1000), (prompt_tokens(2000) - prompt_tokens(1000)) / 1000
-    words = 1000 + int((8192 - 20 - base) / per_word)
+    base, per_word = prompt_tokens(100), (prompt_tokens(200) - prompt_tokens(100)) / 100
+    words = 100 + int((CONTEXT - 20 - base) / per_word)
     body = {"model": "m", "max_tokens": 32000, "ignore_eos": True}
     r = httpx.post(
-        capped.url + "/v1/messages",
+        short_context.url + "/v1/messages",
         json={**body, "messages": [{"role": "user", "content": "one " * words}]},
         timeout=600,
     )
     assert r.status_code == 200, r.text
     usage = r.json()["usage"]
-    assert 8192 - CAP < usage["input_tokens"] < 8192, usage
-    assert usage["output_tokens"] == 8192 - usage["input_tokens"] and r.json()["stop_reason"] == "max_tokens"
+    assert CONTEXT - CAP < usage["input_tokens"] < CONTEXT, usage
+    assert usage["output_tokens"] == CONTEXT - usage["input_tokens"] and r.json()["stop_reason"] == "max_tokens"
+
+    r = httpx.post(
+        short_context.url + "/v1/messages",
+        json={**body, "messages": [{"role": "user", "content": "one " * (words + 100)}]},
+        timeout=600,
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert f"context of {CONTEXT} tokens" in r.json()["error"]["message"]
 
 
 def test_max_tokens_past_the_context_is_refused_when_configured(refusing_thinker):

@@ -30,12 +30,15 @@ TOOL_CHOICE = load_object(f"{REPO}/examples/langgraph/agent.py:TOOL_CHOICE")
 EPISODES = [("What is 47 - 18?", False), ("What is 23 + 45?", True), ("What is 91 - 71?", True)]
 
 
-async def episode(session: dict, question: str, streamed: bool, temperature: float = 0) -> list[BaseMessage]:
+async def episode(
+    session: dict, question: str, streamed: bool, temperature: float = 0, seed: int | None = None
+) -> list[BaseMessage]:
     llm = ChatOpenAI(
         model="smollm2-135m-instruct",
         base_url=session["base_url"],
         api_key=session["api_key"],
         temperature=temperature,
+        seed=seed,
         max_tokens=26,
         max_retries=0,
         streaming=streamed,
@@ -90,13 +93,16 @@ def test_graph_episodes_are_recorded_as_chains(sqlite_proxy, tokenizer):
 
 
 def test_twelve_sampled_episodes(sqlite_proxy, tokenizer):
-    """12 episodes at once, half streamed, sampled at T=0.7: each a token-exact chain of what the graph got."""
+    """12 episodes at once, half streamed, sampled at T=0.7: each a token-exact chain of what the graph got.
+    Each episode has its own seed, so that what it samples does not depend on which others share its
+    batches (unseeded, how many first calls ended in a call varied from run to run)."""
     proxy = sqlite_proxy
     plan = [(f"What is {10 + i} {'+' if i % 2 else '-'} {i % 7 + 2}?", i % 2 == 0) for i in range(12)]
     sessions = [proxy.new_session(task_id=f"langgraph-sampled-{i}") for i in range(len(plan))]
 
     async def episodes():
-        return await asyncio.gather(*(episode(s, q, st, temperature=0.7) for s, (q, st) in zip(sessions, plan)))
+        runs = (episode(s, q, st, 0.7, seed=100 + i) for i, (s, (q, st)) in enumerate(zip(sessions, plan, strict=True)))
+        return await asyncio.gather(*runs)
 
     results = asyncio.run(episodes())
     lengths = [len(check_episode(proxy, session, messages, tokenizer)) for session, messages in zip(sessions, results)]

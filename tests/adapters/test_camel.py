@@ -85,7 +85,7 @@ def test_twenty_sampled_tool_episodes(sqlite_proxy):
     """20 ChatAgent tool episodes at once, sampled at T=0.7: every call recorded as one token-exact chain."""
     proxy = sqlite_proxy
     plan = [(add if i % 2 else multiply, f"What is {10 + i} and {i % 7 + 2}?") for i in range(20)]
-    sessions = [proxy.new_session(task_id=f"camel-sampled-{i}") for i in range(len(plan))]
+    sessions = [proxy.new_session(task_id=f"camel-sampled-{i}", seed=100 + i) for i in range(len(plan))]
 
     async def episodes():
         return await asyncio.gather(*(tool_step(s, tool, q, temperature=0.7) for s, (tool, q) in zip(sessions, plan)))
@@ -102,7 +102,7 @@ def test_twenty_sampled_tool_episodes(sqlite_proxy):
             sent = [m for m in child["messages"] if m["role"] == "tool"][-1]
             assert sent["tool_call_id"] == record.tool_call_id
         with_tools += bool(records)
-    assert with_tools >= len(plan) // 2, "most forced first calls are tool calls"
+    assert with_tools >= len(plan) // 2, f"most forced first calls are tool calls: {with_tools} of {len(plan)}"
 
 
 def test_offline_token_counter(tokenizer):

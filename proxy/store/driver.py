@@ -55,6 +55,13 @@ def _values(rows: Rows, columns: tuple[str, ...], is_json: tuple[bool, ...]) -> 
     return [tuple(_json_text(row[c]) if j else row[c] for c, j in zip(columns, is_json, strict=True)) for row in rows]
 
 
+def _insert_values(conn: Connection, table: Table, rows: Rows) -> tuple[str, list[Any]]:
+    """One INSERT of all `rows` (a multi-row VALUES) and its parameters, flat: to embed in a statement."""
+    columns = tuple(rows[0])
+    sql, is_json = _insert_sql(table, columns, conn.dialect.paramstyle, len(rows))
+    return sql, [v for row in _values(rows, columns, is_json) for v in row]
+
+
 def insert_rows(conn: Connection, table: Table, rows: Rows) -> None:
     """Insert `rows` (dicts with the same keys, named by column) into `table`, as `conn.execute(table.insert(),
     rows)` would: columns left out take their database default."""
@@ -80,13 +87,11 @@ def insert_with_parents(conn: Connection, parents: Table, parent_rows: Rows, tab
         insert_rows(conn, parents, parent_rows)
         insert_rows(conn, table, rows)
         return
-    head_columns, columns = tuple(parent_rows[0]), tuple(rows[0])
-    head, head_json = _insert_sql(parents, head_columns, conn.dialect.paramstyle, len(parent_rows))
-    tail, is_json = _insert_sql(table, columns, conn.dialect.paramstyle, len(rows))
+    head, head_params = _insert_values(conn, parents, parent_rows)
+    tail, params = _insert_values(conn, table, rows)
     sql = f"WITH new_{parents.name} AS ({head}) {tail}"
-    params = [v for row in _values(parent_rows, head_columns, head_json) + _values(rows, columns, is_json) for v in row]
     with driver_cursor(conn, sql) as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, head_params + params)
 
 
 def insert_rows_and_execute(conn: Connection, table: Table, rows: Rows, sql: str, params: tuple[Any, ...]) -> int:
@@ -99,13 +104,11 @@ def insert_rows_and_execute(conn: Connection, table: Table, rows: Rows, sql: str
     if conn.dialect.name != "postgresql":
         insert_rows(conn, table, rows)
         return execute(conn, sql, params)
-    columns = tuple(rows[0])
-    insert, is_json = _insert_sql(table, columns, conn.dialect.paramstyle, len(rows))
+    insert, values = _insert_values(conn, table, rows)
     statement = f"WITH matched AS ({_native(sql, conn.dialect.paramstyle)} RETURNING 1) {insert}"
     statement += " RETURNING (SELECT count(*) FROM matched)"
-    values = [*params, *(v for row in _values(rows, columns, is_json) for v in row)]
     with driver_cursor(conn, statement) as cursor:
-        cursor.execute(statement, values)
+        cursor.execute(statement, [*params, *values])
         return cursor.fetchone()[0]
 
 

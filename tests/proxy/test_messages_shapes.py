@@ -37,8 +37,8 @@ def capped(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def short_context(tmp_path_factory):
-    """A server whose context `engine.context_length` cuts to CONTEXT tokens: filling it takes a CPU
-    seconds, where the model's own 8,192 took a minute."""
+    """A server whose context `engine.context_length` cuts to CONTEXT tokens: filling it takes seconds
+    on a CPU, where the model's own 8,192 took a minute."""
     tmp = tmp_path_factory.mktemp("short")
     args = ("--set", f"proxy.messages_max_tokens_cap={CAP}", "--set", f"engine.context_length={CONTEXT}")
     with run_server(tmp, f"sqlite:///{tmp}/areal.db", *args) as server:

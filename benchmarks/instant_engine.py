@@ -43,12 +43,10 @@ def build(model_path: str, eos_id: int, reply_ids: list[int]) -> Starlette:
         body = orjson.loads(await request.body())
         if body.get("stream"):
 
-            async def chunks():
-                yield (
-                    b"data: "
-                    + orjson.dumps({"text": REPLY, "output_ids": output, "meta_info": meta(len(output), True)})
-                    + b"\n\n"
-                )
+            async def chunks():  # one event a token, each with everything so far, as SGLang streams by default
+                for n in range(1, len(output) + 1):
+                    chunk = {"text": REPLY[: len(REPLY) * n // len(output)], "output_ids": output[:n]}
+                    yield b"data: " + orjson.dumps({**chunk, "meta_info": meta(n, n == len(output))}) + b"\n\n"
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(chunks(), media_type="text/event-stream")

@@ -5,10 +5,12 @@ move it; alternating the versions in rounds, in front of the same instant engine
 medians separates the change from the machine. Each round starts each version fresh (`areal-proxy
 serve` on SQLite, pinned to core 0, its source tree first on PYTHONPATH) and measures sequential
 latency and requests/s and CPU per request at 32 in flight, as `proxy_overhead.py` does; `--agent`
-sends an agent's request (a system prompt and six tools, ~1,000 prompt tokens) instead of one line.
+sends an agent's request (a system prompt and six tools, ~1,000 prompt tokens) instead of one line;
+`--stream` asks for streamed answers (the engine sends an event a token, as SGLang does).
 
     git worktree add /tmp/before HEAD~1
-    python benchmarks/proxy_ab.py before=/tmp/before after=. [--rounds 4] [--requests 3000] [--postgres] [--agent]
+    python benchmarks/proxy_ab.py before=/tmp/before after=. [--rounds 4] [--requests 3000] [--postgres] \
+        [--agent] [--stream]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.proxy_overhead import (  # noqa: E402
+    Ask,
     concurrent,
     instant_engine,
     ours,
@@ -40,13 +43,14 @@ from trainer.launch.processes import start_process, stop_process  # noqa: E402
 
 def one_round(name: str, source: Path, engine_url: str, db_url: str, args: argparse.Namespace, tmp: Path) -> dict:
     target = ours(engine_url, db_url, name, tmp)
+    ask = Ask(agent=args.agent, stream=args.stream)
     env = {**target.env, "PYTHONPATH": str(source)}
     log = tmp / f"{name}.log"
     proc = start_process([*pin(0), *target.argv], log, cwd=target.cwd, env=env)
     try:
         wait_answering(target.url, target.model, proc, log)
-        seq = asyncio.run(sequential(target.url, target.model, args.sequential, args.agent))
-        con = asyncio.run(concurrent(target.url, target.model, args.requests, 32, tree_cpu(proc.pid), args.agent))
+        seq = asyncio.run(sequential(target.url, target.model, args.sequential, ask))
+        con = asyncio.run(concurrent(target.url, target.model, args.requests, 32, tree_cpu(proc.pid), ask))
     finally:
         stop_process(proc, 30)
     return {
@@ -65,6 +69,7 @@ def main() -> None:
     parser.add_argument("--sequential", type=int, default=300, help="sequential requests a round")
     parser.add_argument("--postgres", action="store_true", help="a fresh PostgreSQL database a round, not SQLite")
     parser.add_argument("--agent", action="store_true", help="an agent's request: system prompt and six tools")
+    parser.add_argument("--stream", action="store_true", help="answers streamed: an SSE event a token, read to the end")
     args = parser.parse_args()
     versions = [(name, Path(path).resolve()) for name, path in (v.split("=", 1) for v in args.versions)]
     tmp = Path(tempfile.mkdtemp(prefix="areal-ab-"))

@@ -47,14 +47,25 @@ from tests.conftest import PG_ADMIN_URL, fresh_pg_database  # noqa: E402
 from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy  # noqa: E402
 
 
-def body(i: int, model: str, agent: bool = False) -> dict:
-    """A one-line question; with `agent`, as a tool-using agent asks it: a system prompt and six tools
-    (~1,000 prompt tokens with SmolLM2's tool section), the same on every call."""
+@dataclass(frozen=True)
+class Ask:
+    """What each request is: `agent`, as a tool-using agent asks (a system prompt and six tools, ~1,000
+    prompt tokens with SmolLM2's tool section, the same on every call), else a one-line question;
+    `stream`, its answer streamed (SSE) and read to its end."""
+
+    agent: bool = False
+    stream: bool = False
+
+
+def body(i: int, model: str, ask: Ask = Ask()) -> dict:
     question = {"role": "user", "content": f"Request {i}: say hello."}
-    if not agent:
-        return {"model": model, "messages": [question], "max_tokens": 16}
-    system = {"role": "system", "content": "You are a careful travel agent. Check before you answer. " * 12}
-    return {"model": model, "messages": [system, question], "tools": AGENT_TOOLS, "max_tokens": 16}
+    request = {"model": model, "messages": [question], "max_tokens": 16}
+    if ask.agent:
+        system = {"role": "system", "content": "You are a careful travel agent. Check before you answer. " * 12}
+        request.update(messages=[system, question], tools=AGENT_TOOLS)
+    if ask.stream:
+        request["stream"] = True
+    return request
 
 
 AGENT_TOOLS = [
@@ -82,30 +93,32 @@ class Failed(Exception):
     pass
 
 
-async def post(session: aiohttp.ClientSession, url: str, model: str, i: int, agent: bool = False) -> float:
+async def post(session: aiohttp.ClientSession, url: str, model: str, i: int, ask: Ask = Ask()) -> float:
     t = time.perf_counter()
-    async with session.post(url, json=body(i, model, agent)) as r:
+    async with session.post(url, json=body(i, model, ask)) as r:
         text = await r.read()
         if r.status != 200:
             raise Failed(f"{r.status}: {text[:300]!r}")
+        if ask.stream and not text.endswith(b"data: [DONE]\n\n"):
+            raise Failed(f"a streamed answer without its end: {text[-300:]!r}")
     return time.perf_counter() - t
 
 
 # The load generator uses aiohttp: httpx costs ~2 ms of client CPU per request, which would make the
 # client, not the servers, the limit.
-async def sequential(url: str, model: str, n: int, agent: bool = False) -> list[float]:
+async def sequential(url: str, model: str, n: int, ask: Ask = Ask()) -> list[float]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         for i in range(20):  # warm-up
-            await post(session, url, model, i, agent)
-        return [await post(session, url, model, i, agent) for i in range(n)]
+            await post(session, url, model, i, ask)
+        return [await post(session, url, model, i, ask) for i in range(n)]
 
 
 async def concurrent(
-    url: str, model: str, n: int, concurrency: int, cpu: Callable[[], float], agent: bool = False
+    url: str, model: str, n: int, concurrency: int, cpu: Callable[[], float], ask: Ask = Ask()
 ) -> dict:
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120), connector=connector) as session:
-        await asyncio.gather(*(post(session, url, model, i, agent) for i in range(concurrency)))  # warm-up
+        await asyncio.gather(*(post(session, url, model, i, ask) for i in range(concurrency)))  # warm-up
         times: list[float] = []
         errors: list[str] = []
         queue = list(range(n))
@@ -113,7 +126,7 @@ async def concurrent(
         async def worker() -> None:
             while queue:
                 try:
-                    times.append(await post(session, url, model, queue.pop(), agent))
+                    times.append(await post(session, url, model, queue.pop(), ask))
                 except Failed as exc:  # counted and shown: one peer's client sometimes loses a race
                     errors.append(str(exc))
 
@@ -230,8 +243,8 @@ def measure(target: Target, direct_seq: list[float], args: argparse.Namespace, t
             answered += wait_answering(url, target.model, front, tmp / "front.log")
             replica_cpu, front_cpu = cpu, tree_cpu(front.pid)
             cpu = lambda: replica_cpu() + front_cpu()  # noqa: E731
-        seq = asyncio.run(sequential(url, target.model, args.requests, args.agent))
-        con = asyncio.run(concurrent(url, target.model, args.requests * 2, args.concurrency, cpu, args.agent))
+        seq = asyncio.run(sequential(url, target.model, args.requests, Ask(args.agent)))
+        con = asyncio.run(concurrent(url, target.model, args.requests * 2, args.concurrency, cpu, Ask(args.agent)))
         time.sleep(2)  # a peer that records after answering has had time to write the last ones
         recorded = target.recorded()
     finally:
@@ -335,8 +348,9 @@ def main() -> None:
     rows: list[dict] = []
     with instant_engine(tmp) as engine_url:
         direct = f"{engine_url}/v1/chat/completions"
-        direct_seq = asyncio.run(sequential(direct, "m", args.requests, args.agent))
-        direct_con = asyncio.run(concurrent(direct, "m", args.requests * 2, args.concurrency, lambda: 0.0, args.agent))
+        ask = Ask(args.agent)
+        direct_seq = asyncio.run(sequential(direct, "m", args.requests, ask))
+        direct_con = asyncio.run(concurrent(direct, "m", args.requests * 2, args.concurrency, lambda: 0.0, ask))
         rows.append(
             {
                 "name": "direct",

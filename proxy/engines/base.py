@@ -118,6 +118,25 @@ class StreamDelta:
     abort_message: str | None = None
 
 
+def merge_deltas(deltas: list[StreamDelta]) -> StreamDelta:
+    """Consecutive deltas as one, its finish the last one's: what a server sent in one burst."""
+    if len(deltas) == 1:
+        return deltas[0]
+    last = deltas[-1]
+    top = None
+    if any(d.top_logprobs is not None for d in deltas):
+        top = [row for d in deltas for row in (d.top_logprobs or [[] for _ in d.token_ids])]
+    return StreamDelta(
+        token_ids=[t for d in deltas for t in d.token_ids],
+        logprobs=[x for d in deltas for x in d.logprobs],
+        versions=[v for d in deltas for v in d.versions],
+        top_logprobs=top,
+        finish_reason=last.finish_reason,
+        matched_stop=last.matched_stop,
+        abort_message=last.abort_message,
+    )
+
+
 @dataclass
 class GenerationResult:
     output_ids: list[int] = field(default_factory=list)

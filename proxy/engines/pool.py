@@ -322,21 +322,23 @@ def answer_json(raw: bytes, url: str) -> Any:
         raise ServerError(f"{url} answered with something other than JSON: {text!r}") from exc
 
 
-async def sse_data(chunks: AsyncIterable[bytes]) -> AsyncIterator[str]:
-    """The `data:` payload of each server-sent event (`[DONE]` included) in a byte stream.
+async def sse_events(chunks: AsyncIterable[bytes]) -> AsyncIterator[list[bytes]]:
+    """The `data:` payloads of the server-sent events (`[DONE]` included) in a byte stream, as
+    lists: the events each read of the stream completed. Events a server sent in one burst (the
+    tokens it made while the proxy was busy) are then handled as one.
 
     Lines are split here, not by the HTTP client: an event with every logprob so far can be
     longer than a client's line limit.
     """
     pending = bytearray()
-    lines: list[str] = []
+    lines: list[bytes] = []
 
-    def complete(raw: bytes) -> str | None:
-        line = raw.rstrip(b"\r").decode()
-        if line.startswith("data:"):
+    def complete(raw: bytes) -> bytes | None:
+        line = raw.rstrip(b"\r")
+        if line.startswith(b"data:"):
             lines.append(line[5:].lstrip())
         elif not line and lines:
-            event = "\n".join(lines)
+            event = b"\n".join(lines)
             lines.clear()
             return event
         return None
@@ -347,21 +349,23 @@ async def sse_data(chunks: AsyncIterable[bytes]) -> AsyncIterator[str]:
             continue
         *done, rest = pending.split(b"\n")
         pending = bytearray(rest)
-        for raw in done:
-            event = complete(raw)
-            if event is not None:
-                yield event
+        events = [event for event in map(complete, done) if event is not None]
+        if events:
+            yield events
     if pending:
         complete(bytes(pending))
     if lines:
-        yield "\n".join(lines)
+        yield [b"\n".join(lines)]
 
 
-def decode_event(data: str, url: str) -> Any:
+def decode_event(data: bytes, url: str) -> Any:
     try:
-        return json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise ServerError(f"{url} sent a malformed stream event: {data[:200]!r}") from exc
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        try:  # NaN or Infinity, which Python's json module writes and orjson refuses
+            return json.loads(data)
+        except ValueError as exc:
+            raise ServerError(f"{url} sent a malformed stream event: {data[:200]!r}") from exc
 
 
 class WeightVersions:

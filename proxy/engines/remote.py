@@ -29,6 +29,7 @@ from proxy.engines.base import (
     SamplingParams,
     StreamDelta,
     check_sampling,
+    merge_deltas,
 )
 from proxy.engines.config import EngineConfig
 from proxy.engines.pool import (
@@ -42,7 +43,7 @@ from proxy.engines.pool import (
     http_errors,
     post_json,
     raise_for_status,
-    sse_data,
+    sse_events,
 )
 
 log = logging.getLogger(__name__)
@@ -214,15 +215,19 @@ class RemoteEngine(ABC):
                 async with client.post(url, data=payload, headers=JSON_HEADERS) as response:
                     await raise_for_status(response)
                     done = False
-                    async for data in sse_data(response.content.iter_any()):
-                        if done:
-                            continue  # read to the end so the connection returns to the pool
-                        if data == "[DONE]":
-                            done = True
-                            continue
-                        delta = decoder.feed(decode_event(data, url))
-                        if delta is not None:
-                            yield delta
+                    async for events in sse_events(response.content.iter_any()):
+                        deltas = []
+                        for data in events:
+                            if done:
+                                continue  # read to the end so the connection returns to the pool
+                            if data == b"[DONE]":
+                                done = True
+                                continue
+                            delta = decoder.feed(decode_event(data, url))
+                            if delta is not None:
+                                deltas.append(delta)
+                        if deltas:  # one delta for what arrived together: each layer above runs once
+                            yield merge_deltas(deltas)
             if not decoder.finished:
                 raise ServerError(f"{url} ended the stream without a finish reason")
 

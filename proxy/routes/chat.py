@@ -13,12 +13,12 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from proxy.chat_request import TOOL_CHOICE_HEADER, chat_request, header_tool_choice
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.errors import APIError
-from proxy.routes.common import JsonRoute, json_response, sse, unless_disconnected
+from proxy.routes.common import EventStream, JsonRoute, json_response, sse, unless_disconnected
 from proxy.routes.deps import CallerDep, Completions, State, model_call
 from proxy.schemas.chat import ChatCompletionRequest
 
@@ -107,7 +107,7 @@ async def _stream(state: Any, turn: Turn, model: str, started: float) -> Respons
     events = state.completions.stream(turn)
     # Wait for the first token before answering, so an engine outage is a real 503.
     first = await anext(events)
-    return StreamingResponse(
+    return EventStream(
         _chunks(state, turn, model, first, events, started),
         media_type="text/event-stream",
         headers={**_headers(turn), "cache-control": "no-cache", "x-accel-buffering": "no"},

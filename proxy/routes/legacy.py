@@ -19,13 +19,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from proxy.chat_request import ChatRequest
 from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.errors import APIError, invalid_request
 from proxy.reply import ReplyBuilder
-from proxy.routes.common import JsonRoute, json_response, sse, unless_disconnected
+from proxy.routes.common import EventStream, JsonRoute, json_response, sse, unless_disconnected
 from proxy.routes.deps import CallerDep, Completions, State, model_call
 from proxy.schemas.completions import CompletionRequest
 
@@ -139,7 +139,7 @@ async def completions_route(
     if chat.stream:
         events = completions.stream(turn)
         first = await anext(events)  # an engine outage before the first token is a real error status
-        return StreamingResponse(
+        return EventStream(
             _chunks(state, turn, legacy, model, first, events, started),
             media_type="text/event-stream",
             headers={**_headers(turn), "cache-control": "no-cache", "x-accel-buffering": "no"},

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from proxy.chat_request import (
     TOOL_CHOICE_HEADER,
@@ -32,7 +32,7 @@ from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.config import ProxyConfig
 from proxy.conversation import normalize_messages
 from proxy.errors import APIError, invalid_request
-from proxy.routes.common import JsonRoute, anthropic_type, json_response, unless_disconnected
+from proxy.routes.common import EventStream, JsonRoute, anthropic_type, json_response, unless_disconnected
 from proxy.routes.deps import CallerDep, Completions, State, model_call
 from proxy.schemas.messages import Block, CountTokensRequest, MessagesRequest
 
@@ -258,7 +258,7 @@ async def create_message(
     if chat.stream:
         events = completions.stream(turn)
         first = await anext(events)  # an engine outage before the first token is a real error status
-        return StreamingResponse(
+        return EventStream(
             _stream(state, turn, model, first, events, started),
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},

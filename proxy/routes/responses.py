@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import APIRouter, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from proxy.chat_request import (
     TOOL_CHOICE_HEADER,
@@ -32,7 +32,7 @@ from proxy.completions import ChoiceDelta, ChoiceResult, Turn
 from proxy.conversation import content_text, normalize_messages
 from proxy.errors import APIError, invalid_request, not_found
 from proxy.routes.chat import token_logprobs, usage
-from proxy.routes.common import JsonRoute, json_response, unless_disconnected
+from proxy.routes.common import EventStream, JsonRoute, json_response, unless_disconnected
 from proxy.routes.deps import CallerDep, Completions, State, model_call
 from proxy.schemas.responses import InputItem, NamedFunctionChoice, ResponsesRequest
 from proxy.sessions import Caller
@@ -309,7 +309,7 @@ async def create_response(
     if chat.stream:
         events = completions.stream(turn)
         first = await anext(events)  # an engine outage before the first token is a real 503
-        return StreamingResponse(
+        return EventStream(
             _stream(state, turn, body, model, first, events, started),
             media_type="text/event-stream",
             headers={**headers, "cache-control": "no-cache", "x-accel-buffering": "no"},

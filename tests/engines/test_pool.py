@@ -8,9 +8,16 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from proxy.engines.base import EngineRequestError, EngineUnavailable, SamplingParams, StreamDelta, generate
+from proxy.engines.base import (
+    EngineRequestError,
+    EngineUnavailable,
+    SamplingParams,
+    StreamDelta,
+    generate,
+    merge_deltas,
+)
 from proxy.engines.config import EngineConfig
-from proxy.engines.pool import ServerError, ServerPool, WeightVersions, error_from_body, sse_data
+from proxy.engines.pool import ServerError, ServerPool, WeightVersions, decode_event, error_from_body, sse_events
 from proxy.engines.sglang import SGLangEngine
 from proxy.engines.vllm import VLLMEngine
 from tests.conftest import serve_app
@@ -269,7 +276,7 @@ def test_error_bodies():
 
 
 @pytest.mark.parametrize("size", [1, 3, 7, 1000])
-def test_sse_data_reads_events_line_by_line(size):
+def test_sse_events_reads_events_line_by_line(size):
     raw = b'data: {"a": 1}\r\n\r\n: comment\ndata: {"b":\ndata: 2}\n\ndata: ' + b"x" * 70_000 + b"\n\ndata: [DONE]"
 
     async def chunks():  # however the bytes arrive
@@ -277,9 +284,33 @@ def test_sse_data_reads_events_line_by_line(size):
             yield raw[i : i + size]
 
     async def read():
-        return [d async for d in sse_data(chunks())]
+        return [batch async for batch in sse_events(chunks())]
 
-    assert asyncio.run(read()) == ['{"a": 1}', '{"b":\n2}', "x" * 70_000, "[DONE]"]
+    batches = asyncio.run(read())
+    assert [event for batch in batches for event in batch] == [b'{"a": 1}', b'{"b":\n2}', b"x" * 70_000, b"[DONE]"]
+    if size == 1000:  # the events one read completed come together
+        assert batches[0] == [b'{"a": 1}', b'{"b":\n2}']
+    assert all(batches)
+
+
+def test_decode_event_takes_what_pythons_json_writes_and_names_a_malformed_one():
+    assert decode_event(b'{"meta_info": {"output_token_logprobs": [[-0.5, 7, null]]}}', "u") == {
+        "meta_info": {"output_token_logprobs": [[-0.5, 7, None]]}
+    }
+    assert decode_event(b'{"logprob": -Infinity}', "u") == {"logprob": float("-inf")}  # orjson refuses it
+    with pytest.raises(ServerError, match=r"http://e sent a malformed stream event: b'\{\"a\": '"):
+        decode_event(b'{"a": ', "http://e")
+
+
+def test_merged_deltas_are_the_burst_in_order_with_its_last_finish():
+    first = StreamDelta(token_ids=[1, 2], logprobs=[-0.1, -0.2], versions=[3, 3])
+    second = StreamDelta(token_ids=[4], logprobs=[-0.4], versions=[4], top_logprobs=[[(4, -0.4), (5, -1.0)]])
+    last = StreamDelta(token_ids=[], logprobs=[], versions=[], finish_reason="stop", matched_stop=2)
+    merged = merge_deltas([first, second, last])
+    assert (merged.token_ids, merged.logprobs, merged.versions) == ([1, 2, 4], [-0.1, -0.2, -0.4], [3, 3, 4])
+    assert merged.top_logprobs == [[], [], [(4, -0.4), (5, -1.0)]]  # a row a token, however they came
+    assert (merged.finish_reason, merged.matched_stop) == ("stop", 2)
+    assert merge_deltas([first]) is first and merge_deltas([first, first]).top_logprobs is None
 
 
 # ---- SGLangEngine over real HTTP ----
@@ -489,7 +520,7 @@ def test_sglang_engine_never_regenerates_after_tokens_were_streamed(model_dir):
             with pytest.raises(EngineUnavailable, match="mid-generation"):
                 async for delta in engine.stream([666], SamplingParams(max_new_tokens=8), request_id="r"):
                     got.append(delta)
-            assert [d.token_ids for d in got] == [[15, 16], [17, 18]]
+            assert [t for d in got for t in d.token_ids] == [15, 16, 17, 18]  # then the connection broke
             await engine.stop()
 
         asyncio.run(scenario())
@@ -638,7 +669,8 @@ def test_vllm_engine_end_to_end(model_dir):
             after = await generate(engine, [4], params, request_id="req-2")
             assert after.versions == [2] * len(CANNED)
             streamed = [d async for d in engine.stream([5], params, request_id="req-3", incremental=False)]
-            assert calls[-1][2]["stream"] is True and len(streamed) == 2  # vLLM is streamed regardless
+            assert calls[-1][2]["stream"] is True  # vLLM is streamed regardless
+            assert [t for d in streamed for t in d.token_ids] == after.output_ids and streamed[-1].finish_reason
             await engine.stop()
 
         asyncio.run(scenario())

@@ -174,13 +174,14 @@ def cli_process(
 
 
 @contextlib.contextmanager
-def serve_app(app: Any) -> Iterator[str]:
-    """An ASGI app of the test's own under uvicorn in a thread (no lifespan), on a free port: its URL."""
+def serve_app(app: Any, **options: Any) -> Iterator[str]:
+    """An ASGI app of the test's own under uvicorn in a thread (no lifespan), on a free port: its URL.
+    `options` go to `uvicorn.Config`."""
     import uvicorn
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

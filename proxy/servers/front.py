@@ -22,31 +22,30 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Awaitable, Collection
+import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote_from_bytes
+from urllib.parse import quote_from_bytes, unquote, urlsplit
 
 import aiohttp
 from pydantic import ValidationError
-from yarl import URL
 
 from proxy.config import Config, ConfigError, FrontConfig
 from proxy.errors import APIError, unauthorized
 from proxy.schemas.common import validation_error
 from proxy.schemas.control import Weights
+from proxy.servers.relay import HOP_BY_HOP, ReplicaError, ReplicaPool, Request, Responder, relay
 from proxy.sessions import bearer
 
 log = logging.getLogger("areal_front")
 
-_HOP_BY_HOP = {
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
-    b"transfer-encoding", b"upgrade",
-}  # fmt: skip
 _SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "Content-Type", "User-Agent")
-"""Headers aiohttp would add to a forwarded request that lacks them: the client's own go through, or none."""
-_URL_SAFE = bytes(range(0x21, 0x7F))  # a request target is relayed as it came, bar bytes a URL may not hold
+"""Headers aiohttp would add to a pushed request that lacks them: the client's own go through, or none."""
+_UNSAFE_IN_URL = re.compile(rb"[^\x21-\x7e]")  # a request target is relayed as it came, bar bytes a URL may not hold
+_URL_SAFE = bytes(range(0x21, 0x7F))
 _KEEP_ALIVE_S = 15.0  # idle connections to replicas; below their servers' (`proxy.servers.http.KEEP_ALIVE_S`)
+_NOT_FORWARDED = HOP_BY_HOP | {b"content-length", b"expect"}  # the front sets the length; the body is already read
 
 
 @dataclass(eq=False)
@@ -141,7 +140,7 @@ def replica_failed(message: str, retry_after: int) -> APIError:
 
 
 class Front:
-    """The ASGI application of the front."""
+    """The front's request handling; `proxy.servers.relay` is its HTTP."""
 
     def __init__(self, cfg: FrontConfig, max_request_bytes: int, admin_key: str = "") -> None:
         if not cfg.replicas:
@@ -150,127 +149,88 @@ class Front:
         self.max_request_bytes = max_request_bytes
         self.admin_key = admin_key
         self.router = Router(cfg.replicas)
-        self.client: aiohttp.ClientSession | None = None
+        self.pool = ReplicaPool(connect_timeout_s=min(5.0, cfg.timeout_s), keep_alive_s=_KEEP_ALIVE_S)
+        self.client: aiohttp.ClientSession | None = None  # health checks and weight pushes
         self.weights: tuple[bytes, list[tuple[bytes, bytes]], int] | None = None  # last pushed: body, headers, version
         self._weights_lock: asyncio.Lock | None = None
         self._health_task: asyncio.Task | None = None
+        self._prefixes = {r.url: _prefix_and_host(r.url) for r in self.router.replicas}
+        self._names = {r.url: r.url.encode() for r in self.router.replicas}
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+    async def handle(self, request: Request, responder: Responder) -> None:
+        raw_path = request.target.split(b"?", 1)[0]
+        path = raw_path.decode("latin-1")
+        if "%" in path:
+            path = unquote(path)
+        if path == "/health" and request.method == b"GET":
+            await self._health(responder.send)
             return
-        if scope["type"] != "http":
-            return
-        method, path = scope["method"], scope["path"]
-        if path == "/health" and method == "GET":
-            await self._health(send)
-            return
-        try:
-            body = await _read_body(receive, self.max_request_bytes)
-        except ClientGone:  # hung up mid-upload: a truncated body is never forwarded
-            log.info("client disconnected before sending the whole body of %s %s", method, path)
-            return
-        if body is None:
-            error = APIError(413, f"request body exceeds the limit of {self.max_request_bytes} bytes")
-            await _send_error(send, error)
-            return
-        headers = _forward_headers(scope)
-        if path == "/weights" and method == "POST":
-            refusal = self._check_push(scope, body)
+        headers = _forward_headers(request)
+        if path == "/weights" and request.method == b"POST":
+            refusal = self._check_push(request.headers, request.body)
             if refusal is not None:
-                await _send_error(send, refusal)
+                await _send_error(responder.send, refusal)
                 return
-            await self._push_weights(body, headers, send)
+            await self._push_weights(request.body, headers, responder.send)
             return
-        await _until_disconnect(receive, self._forward(scope, body, headers, send))
+        await self._forward(request, path, headers, responder)
 
     # -- forwarding -------------------------------------------------------------------
-    async def _forward(self, scope: dict, body: bytes, headers: list[tuple[bytes, bytes]], send: Any) -> None:
-        assert self.client is not None
-        target = quote_from_bytes(scope.get("raw_path") or scope["path"].encode(), safe=_URL_SAFE)
-        if scope.get("query_string"):
-            target += "?" + quote_from_bytes(scope["query_string"], safe=_URL_SAFE)
-        sent = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
-        key = routing_key(scope["path"], dict(sent))
+    async def _forward(
+        self, request: Request, path: str, headers: list[tuple[bytes, bytes]], responder: Responder
+    ) -> None:
+        target = request.target
+        if _UNSAFE_IN_URL.search(target):
+            target = quote_from_bytes(target, safe=_URL_SAFE).encode()
+        auth = {k.decode(): v.decode("latin-1") for k, v in headers if k in (b"authorization", b"x-api-key")}
+        key = routing_key(path, auth)
+        lines = [b"%s: %s\r\n" % (k, v) for k, v in headers]
+        has_host = any(k == b"host" for k, _ in headers)
+        if request.body or request.method in (b"POST", b"PUT", b"PATCH"):
+            lines.append(b"content-length: %d\r\n" % len(request.body))
+        tail = b"".join(lines) + b"\r\n" + request.body
         tried: list[Replica] = []
         while True:
             replica = self.router.pick(key, tried)
             if replica is None:
                 message = "no proxy replica is available" + (" (all failed for this request)" if tried else "")
-                await _send_error(send, replica_failed(message, self.cfg.retry_after_s + 1))
+                await _send_error(responder.send, replica_failed(message, self.cfg.retry_after_s + 1))
                 return
             tried.append(replica)
             replica.in_flight += 1
             replica.requests += 1
             try:
-                url = URL(replica.url + target, encoded=True)  # as the client sent it, not re-quoted
                 try:
-                    response = await self.client.request(
-                        scope["method"],
-                        url,
-                        data=body or None,
-                        headers=sent,
-                        skip_auto_headers=_SKIP_AUTO_HEADERS,
-                        allow_redirects=False,
-                    )
-                except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                    self.router.mark_failed(replica, f"unreachable ({type(exc).__name__})")
+                    connection = await self.pool.acquire(replica.url)
+                except ReplicaError as exc:
+                    self.router.mark_failed(replica, str(exc))
                     continue  # the request never reached it: another replica may take it
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    await self._failed_under_request(replica, exc, send)
-                    return
-                complete = False
+                prefix, netloc = self._prefixes[replica.url]
+                data = b"%s %s%s HTTP/1.1\r\n" % (request.method, prefix, target)
+                data += tail if has_host else b"host: %s\r\n%s" % (netloc, tail)
+                named = [(b"x-areal-replica", self._names[replica.url])]
                 try:
-                    complete = await self._relay(response, replica, send)
-                finally:
-                    if complete:
-                        response.release()  # read to the end: the connection is kept for the next request
-                    else:
-                        response.close()  # broken off or cancelled: the replica sees the connection close
+                    cut = await relay(connection, responder, data, named, self.cfg.timeout_s)
+                except ReplicaError as exc:
+                    await self._failed_under_request(replica, exc, responder.send)
+                    return
+                if cut is not None and not cut.timeout:  # bytes went out: the client sees a cut answer
+                    self.router.mark_failed(replica, f"broke off an answer ({cut})")
                 return
             finally:
                 replica.in_flight -= 1
 
-    async def _relay(self, response: aiohttp.ClientResponse, replica: Replica, send: Any) -> bool:
-        """Stream the replica's answer through unchanged, each piece as it arrives; headers go out with
-        its first bytes. Whether the whole answer was relayed."""
-        headers = [(k, v) for k, v in response.raw_headers if k.lower() not in _HOP_BY_HOP]
-        headers.append((b"x-areal-replica", replica.url.encode()))
-        start = {"type": "http.response.start", "status": response.status, "headers": headers}
-        started = finished = False
-        try:
-            async for chunk in response.content.iter_any():
-                if not started:
-                    await send(start)
-                    started = True
-                finished = response.content.at_eof()  # the last piece closes the answer: no empty message after
-                await send({"type": "http.response.body", "body": chunk, "more_body": not finished})
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            if not started:
-                await self._failed_under_request(replica, exc, send)
-                return False
-            if not isinstance(exc, TimeoutError):
-                self.router.mark_failed(replica, f"broke off an answer ({type(exc).__name__})")
-            # Bytes were sent: the answer cannot become a 503 any more. Returning without the final
-            # body message makes the server drop the connection, so the client sees a cut answer.
-            return False
-        if not started:
-            await send(start)
-        if not finished:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return True
-
-    async def _failed_under_request(self, replica: Replica, exc: Exception, send: Any) -> None:
-        if not isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors too
-            self.router.mark_failed(replica, f"failed under a request ({type(exc).__name__})")
-        message = f"proxy replica {replica.url} failed before answering ({type(exc).__name__}); retry the request"
+    async def _failed_under_request(self, replica: Replica, exc: ReplicaError, send: Any) -> None:
+        if not exc.timeout:
+            self.router.mark_failed(replica, f"failed under a request ({exc})")
+        message = f"proxy replica {replica.url} failed before answering ({exc}); retry the request"
         await _send_error(send, replica_failed(message, self.cfg.retry_after_s))
 
     # -- weights ----------------------------------------------------------------------
-    def _check_push(self, scope: dict, body: bytes) -> APIError | None:
+    def _check_push(self, headers: list[tuple[bytes, bytes]], body: bytes) -> APIError | None:
         """A push is checked here before it fans out: the admin key (when one is set) and the body."""
         if self.admin_key:
-            raw = dict(scope.get("headers") or [])
+            raw = dict(headers)
             try:
                 token = bearer(raw.get(b"authorization", b"").decode("latin-1") or None)
             except APIError as exc:
@@ -377,25 +337,21 @@ class Front:
         }
         await _send_json(send, 200 if serving else 503, payload)
 
-    async def _lifespan(self, receive: Any, send: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                self.client = _http_client(self.cfg.timeout_s)
-                self._weights_lock = asyncio.Lock()
-                await self.check_replicas()
-                self._health_task = asyncio.create_task(self._health_loop())
-                log.info("front over %s", ", ".join(r.url for r in self.router.replicas))
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                if self._health_task is not None:
-                    self._health_task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await self._health_task
-                if self.client is not None:
-                    await self.client.close()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    async def startup(self) -> None:
+        self.client = _http_client(self.cfg.timeout_s)
+        self._weights_lock = asyncio.Lock()
+        await self.check_replicas()
+        self._health_task = asyncio.create_task(self._health_loop())
+        log.info("front over %s", ", ".join(r.url for r in self.router.replicas))
+
+    async def shutdown(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        if self.client is not None:
+            await self.client.close()
+        self.pool.close()
 
 
 _HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -421,56 +377,18 @@ def _http_client(timeout_s: float) -> aiohttp.ClientSession:
     )
 
 
-def _forward_headers(scope: dict) -> list[tuple[bytes, bytes]]:
+def _prefix_and_host(url: str) -> tuple[bytes, bytes]:
+    """What a replica's URL puts before each target (a path it is served under), and its Host."""
+    parts = urlsplit(url)
+    return parts.path.rstrip("/").encode(), parts.netloc.encode()
+
+
+def _forward_headers(request: Request) -> list[tuple[bytes, bytes]]:
     """The client's headers minus hop-by-hop ones; Host stays, so replicas build URLs to the front."""
-    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in _HOP_BY_HOP and k != b"content-length"]
-    client = scope.get("client")
-    if client:
-        headers.append((b"x-forwarded-for", str(client[0]).encode()))
+    headers = [(k, v) for k, v in request.headers if k not in _NOT_FORWARDED]
+    if request.client:
+        headers.append((b"x-forwarded-for", request.client.encode()))
     return headers
-
-
-class ClientGone(Exception):
-    """The client disconnected."""
-
-
-async def _until_disconnect(receive: Any, forward: Awaitable[None]) -> None:
-    """Run `forward`, cancelling it if the client hangs up: the replica's request is closed with it,
-    so the replica cancels the generation, as it does for a client that hangs up on it directly."""
-    task = asyncio.ensure_future(forward)
-
-    async def watch() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        task.cancel()
-
-    watcher = asyncio.create_task(watch())
-    try:
-        await task
-    except asyncio.CancelledError:
-        if not watcher.done():
-            raise
-        log.info("client disconnected; its request to the replica was closed")
-    finally:
-        watcher.cancel()
-
-
-async def _read_body(receive: Any, limit: int) -> bytes | None:
-    """The whole request body (kept, so a request that reached no replica can go to another), or None
-    if too big; `ClientGone` if the client hung up before sending all of it."""
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            break
-    return b"".join(chunks)
 
 
 async def _send_json(send: Any, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
@@ -502,7 +420,7 @@ class _Answer:
 
 async def _send_response(send: Any, response: _Answer) -> None:
     """A replica's answer read in full: re-sent as it came, with its length."""
-    dropped = _HOP_BY_HOP | {b"content-length"}
+    dropped = HOP_BY_HOP | {b"content-length"}
     headers = [(k, v) for k, v in response.raw_headers if k.lower() not in dropped]
     headers.append((b"content-length", str(len(response.body)).encode()))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
@@ -510,18 +428,18 @@ async def _send_response(send: Any, response: _Answer) -> None:
 
 
 def serve_front(cfg: Config) -> int:
-    """Run the front until interrupted."""
-    from proxy.servers.http import run_uvicorn
+    """Run the front until interrupted: 0 on a clean stop, 1 if it never started."""
+    from proxy.servers.http import check_exposure
+    from proxy.servers.relay import serve_forever
 
-    app = Front(cfg.front, cfg.proxy.max_request_bytes, cfg.proxy.admin_key)
-    # the replica's own Date and Server headers pass through
-    return run_uvicorn(
-        app,
+    check_exposure(cfg.front.host, cfg.proxy.admin_key, "the front")
+    front = Front(cfg.front, cfg.proxy.max_request_bytes, cfg.proxy.admin_key)
+    return serve_forever(
+        front.handle,
+        front.startup,
+        front.shutdown,
         cfg.front.host,
         cfg.front.port,
-        cfg.proxy.log_level,
-        admin_key=cfg.proxy.admin_key,
-        what="the front",
-        server_header=False,
-        date_header=False,
+        cfg.proxy.max_request_bytes,
+        "the front",
     )

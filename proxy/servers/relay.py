@@ -1,0 +1,635 @@
+"""The front's HTTP/1.1 plumbing: client connections served and replica connections pooled as
+asyncio protocols over httptools (the parser uvicorn uses), with nothing in between.
+
+A relayed request costs one write to the replica and, for each piece of its answer, one write to the
+client (the status line and headers go out with the first piece), from the parsers' callbacks: no
+ASGI messages, no task or queue per piece, no client library building a request. The front measured
+0.30 ms of CPU per request under uvicorn and aiohttp; what this costs is in docs/benchmarks.md.
+
+Requests on a client connection are answered one at a time, in order (pipelined ones wait, the
+connection's reading paused meanwhile); a body larger than the limit is answered 413 and the
+connection closed; a request line or header the parser refuses, 400. A client that hangs up cancels
+its request's handler, which closes the replica's connection under it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import urlsplit
+
+import httptools
+import orjson
+
+log = logging.getLogger("areal_front")
+
+HOP_BY_HOP = {
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+    b"transfer-encoding", b"upgrade",
+}  # fmt: skip
+_NO_BODY = {204, 304}
+_IDLE_CLIENT_S = 65.0  # an idle client connection is closed after this (`proxy.servers.http.KEEP_ALIVE_S`)
+_HIGH_WATER = 256 * 1024  # a slow client's unsent bytes above which its replica connection stops being read
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
+class Request:
+    """One request as the client sent it, its body whole."""
+
+    __slots__ = ("method", "target", "headers", "body", "keep_alive", "client")
+
+    def __init__(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], client: str) -> None:
+        self.method = method
+        self.target = target
+        self.headers = headers  # names lowercased
+        self.body = b""
+        self.keep_alive = True
+        self.client = client
+
+
+class Responder:
+    """Writes one answer to the client: the head held until the first piece of the body, so an answer
+    can still become an error until a byte of it has gone out; chunked unless its length is known."""
+
+    def __init__(self, connection: ClientConnection, request: Request) -> None:
+        self.connection = connection
+        self.request = request
+        self.head: bytes | None = None
+        self.chunked = False
+        self.started = False  # a byte of the answer went out
+        self.finished = False
+        self._start: dict | None = None  # an ASGI start message waiting for its first body message
+
+    def begin(self, status: int, headers: list[tuple[bytes, bytes]], reason: bytes = b"", length: int | None = None):
+        """Set the head (written with the first piece): `headers` without framing or connection ones."""
+        lines = [b"HTTP/1.1 %d %s\r\n" % (status, reason or _reason(status))]
+        lines += [b"%s: %s\r\n" % (k, v) for k, v in headers]
+        no_body = status in _NO_BODY or self.request.method == b"HEAD"
+        if length is not None:
+            lines.append(b"content-length: %d\r\n" % length)
+        elif not no_body:
+            self.chunked = True
+            lines.append(b"transfer-encoding: chunked\r\n")
+        if not self.request.keep_alive:
+            lines.append(b"connection: close\r\n")
+        lines.append(b"\r\n")
+        self.head = b"".join(lines)
+        if no_body:
+            self.chunked = False
+
+    def write(self, data: bytes, last: bool = False) -> None:
+        if self.finished:
+            return
+        if self.request.method == b"HEAD":
+            data = b""
+        if self.chunked:
+            framed = b"%x\r\n%s\r\n" % (len(data), data) if data else b""
+            if last:
+                framed += b"0\r\n\r\n"
+        else:
+            framed = data
+        if self.head is not None:
+            framed, self.head = self.head + framed, None
+        if framed:
+            self.started = True
+            self.connection.write(framed)
+        if last:
+            self.finished = True
+            self.connection.answered(self)
+
+    def abort(self) -> None:
+        """The answer cannot be finished: the connection is dropped, so the client sees it cut."""
+        self.finished = True
+        self.connection.close()
+
+    async def send(self, message: dict) -> None:
+        """The ASGI `send` of an answer the front makes itself (health, errors, weight pushes)."""
+        if message["type"] == "http.response.start":
+            self._start = message
+            return
+        start, self._start = self._start, None
+        body, more = message.get("body", b""), message.get("more_body", False)
+        if start is not None:
+            headers = [(k.lower(), v) for k, v in start.get("headers", [])]
+            length = next((int(v) for k, v in headers if k == b"content-length"), None)
+            if length is None and not more:
+                length = len(body)
+            framing = HOP_BY_HOP | {b"content-length"}
+            self.begin(start["status"], [(k, v) for k, v in headers if k not in framing], length=length)
+        self.write(body, last=not more)
+
+
+Handler = Callable[[Request, Responder], Awaitable[None]]
+
+
+class ClientConnection(asyncio.Protocol):
+    """A client's connection to the front."""
+
+    def __init__(self, server: RelayServer) -> None:
+        self.server = server
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.client = ""
+        self.queue: deque[Request] = deque()  # complete requests not yet answered
+        self.building: Request | None = None
+        self.body: list[bytes] = []
+        self.size = 0
+        self.url = b""
+        self.responder: Responder | None = None
+        self.task: asyncio.Task | None = None
+        self.paused_reading = False
+        self.on_pause: Callable[[bool], None] | None = None  # the replica connection to pause with a slow client
+        self.closed = False
+        self.idle_timer: asyncio.TimerHandle | None = None
+
+    # -- the connection ---------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
+        peer = transport.get_extra_info("peername")
+        self.client = str(peer[0]) if peer else ""
+        transport.set_write_buffer_limits(high=_HIGH_WATER)
+        self.server.connections.add(self)
+        self._arm_idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        request = self.building
+        if request is not None and request.method:  # hung up mid-upload: a truncated body is never forwarded
+            what = f"{request.method.decode()} {request.target[:200].decode('latin-1')}"
+            log.info("client disconnected before sending the whole body of %s", what)
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the handler closes the replica's connection under it
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(400, "protocol upgrades are not supported by the front")
+        except httptools.HttpParserError as exc:
+            self._refuse(400, f"malformed HTTP request: {exc}")
+
+    def pause_writing(self) -> None:
+        if self.on_pause is not None:
+            self.on_pause(True)
+
+    def resume_writing(self) -> None:
+        if self.on_pause is not None:
+            self.on_pause(False)
+
+    def write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.close()
+
+    def _arm_idle(self) -> None:
+        if self.server.stopping:
+            self.close()
+        else:
+            self.idle_timer = asyncio.get_running_loop().call_later(_IDLE_CLIENT_S, self.close)
+
+    # -- parser callbacks -------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.body = []
+        self.size = 0
+        self.building = Request(b"", b"", [], self.client)
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.building is not None
+        self.building.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        request = self.building
+        assert request is not None
+        request.method = self.parser.get_method()
+        request.target = self.url
+        request.keep_alive = self.parser.should_keep_alive()
+        length = next((v for k, v in request.headers if k == b"content-length"), None)
+        if length is not None and length.isdigit() and int(length) > self.server.max_request_bytes:
+            self._too_big()
+            return
+        if any(k == b"expect" and v.lower() == b"100-continue" for k, v in request.headers):
+            self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > self.server.max_request_bytes:
+            self._too_big()
+            return
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        request = self.building
+        if request is None or self.closed:
+            return
+        request.body = b"".join(self.body)
+        self.building, self.body = None, []
+        self.queue.append(request)
+        if self.task is None:
+            self._next()
+        elif not self.paused_reading and self.transport is not None:
+            self.paused_reading = True  # a pipelined request: answered after the one before
+            self.transport.pause_reading()
+
+    # -- answering --------------------------------------------------------------------
+    def _next(self) -> None:
+        if not self.queue:
+            if self.paused_reading and self.transport is not None and not self.closed:
+                self.paused_reading = False
+                self.transport.resume_reading()
+            self._arm_idle()
+            return
+        request = self.queue.popleft()
+        self.responder = Responder(self, request)
+        self.task = asyncio.get_running_loop().create_task(self._answer(request, self.responder))
+
+    async def _answer(self, request: Request, responder: Responder) -> None:
+        try:
+            await self.server.handler(request, responder)
+        except asyncio.CancelledError:
+            if not self.closed:
+                raise
+            return  # the client hung up
+        except Exception:
+            log.exception("the front failed on %s %s", request.method.decode(), request.target[:200])
+            if not responder.started:  # an error in OpenAI's shape
+                detail = {"message": "internal error in the front", "type": "server_error", "param": None, "code": None}
+                error = orjson.dumps({"error": detail})
+                responder.begin(500, [(b"content-type", b"application/json")], length=len(error))
+                responder.write(error, last=True)
+            else:
+                responder.abort()
+            return
+        if not responder.finished:
+            responder.abort()
+
+    def answered(self, responder: Responder) -> None:
+        """The answer was written to its end: the next request, or the connection closed."""
+        if responder is not self.responder:
+            return
+        self.responder, self.task, self.on_pause = None, None, None
+        if not responder.request.keep_alive:
+            self.close()
+            return
+        self._next()
+
+    def _too_big(self) -> None:
+        self._refuse(413, f"request body exceeds the limit of {self.server.max_request_bytes} bytes")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """An answer before the request could be read: sent after any answer in progress, then closed."""
+        if self.closed or self.transport is None:
+            return
+        kind = "invalid_request_error"
+        body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        data = head % (status, _reason(status), len(body)) + body
+        self.building = None
+        self.queue.clear()
+        self.transport.pause_reading()
+        if self.task is None:
+            self.write(data)
+            self.close()
+        else:  # after the answer in progress
+            task = self.task
+
+            def after(_: Any) -> None:
+                self.write(data)
+                self.close()
+
+            task.add_done_callback(after)
+
+
+class RelayServer:
+    """Listens and hands each complete request to `handler`."""
+
+    def __init__(self, handler: Handler, max_request_bytes: int) -> None:
+        self.handler = handler
+        self.max_request_bytes = max_request_bytes
+        self.connections: set[ClientConnection] = set()
+        self.stopping = False
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: ClientConnection(self), host, port, backlog=2048)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop listening, close idle connections, give requests in progress `grace_s` to finish."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        deadline = time.monotonic() + grace_s
+        while True:
+            busy = [c for c in self.connections if c.task is not None]
+            for c in list(self.connections):
+                if c.task is None:
+                    c.close()
+            if not busy or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.05)
+        for c in list(self.connections):
+            if c.task is not None:
+                c.task.cancel()
+            c.close()
+
+
+# ---- the replicas' side ---------------------------------------------------------------
+
+
+class ReplicaError(Exception):
+    """A replica failed under a request: `unreachable` if the request never reached it."""
+
+    def __init__(self, message: str, unreachable: bool = False, timeout: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+        self.timeout = timeout
+
+
+class Exchange:
+    """One request relayed: the replica's answer goes to the client as it arrives."""
+
+    def __init__(self, responder: Responder, extra_headers: list[tuple[bytes, bytes]]) -> None:
+        self.responder = responder
+        self.extra_headers = extra_headers
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.cut: ReplicaError | None = None  # what broke off the answer after bytes of it went out
+
+    def head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        kept = [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP]
+        length = None
+        if not any(k.lower() == b"transfer-encoding" for k, _ in headers):
+            value = next((v for k, v in kept if k.lower() == b"content-length"), None)
+            if value is not None and value.isdigit():
+                length = int(value)
+        kept = [(k, v) for k, v in kept if k.lower() != b"content-length"]
+        self.responder.begin(status, kept + self.extra_headers, reason, length=length)
+
+    def body(self, data: bytes) -> None:
+        self.responder.write(data)
+
+    def complete(self) -> None:
+        self.responder.write(b"", last=True)
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def fail(self, error: ReplicaError) -> None:
+        if self.done.done():
+            return
+        if self.responder.started:
+            self.cut = error  # bytes went out: the answer cannot become an error any more
+            self.done.set_result(None)
+        else:
+            self.done.set_exception(error)
+
+
+class ReplicaConnection(asyncio.Protocol):
+    """One connection to a replica, one request at a time, kept for the next while both keep it alive."""
+
+    def __init__(self, pool: ReplicaPool, key: str) -> None:
+        self.pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.exchange: Exchange | None = None
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.open = False
+        self.last_data = 0.0
+        self.idle_since = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.timeout_s = 0.0
+        self.reused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
+        self.open = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        self._stop_timer()
+        if self.exchange is not None:
+            exchange, self.exchange = self.exchange, None
+            what = type(exc).__name__ if exc else "ServerDisconnected"
+            exchange.fail(ReplicaError(f"connection lost ({what})"))
+
+    def data_received(self, data: bytes) -> None:
+        self.last_data = time.monotonic()
+        if self.exchange is None:  # bytes nobody asked for: the connection is not reusable
+            self.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._failed(ReplicaError(f"malformed answer ({exc})"))
+
+    # -- one request --------------------------------------------------------------------
+    def send(self, exchange: Exchange, data: bytes, timeout_s: float) -> None:
+        assert self.transport is not None
+        self.exchange = exchange
+        self.reason, self.headers = b"", []
+        self.parser = httptools.HttpResponseParser(self) if self.reused else self.parser
+        self.reused = True
+        self.last_data = time.monotonic()
+        self.timeout_s = timeout_s
+        self.timer = asyncio.get_running_loop().call_later(timeout_s, self._check_timeout)
+        self.transport.write(data)
+
+    def pause(self, paused: bool) -> None:
+        if self.transport is not None and self.open:
+            self.transport.pause_reading() if paused else self.transport.resume_reading()
+
+    def close(self) -> None:
+        self.open = False
+        self._stop_timer()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _check_timeout(self) -> None:
+        self.timer = None
+        if self.exchange is None:
+            return
+        left = self.last_data + self.timeout_s - time.monotonic()
+        if left > 0:  # data came meanwhile: wait the rest of the period from the last data
+            self.timer = asyncio.get_running_loop().call_later(left, self._check_timeout)
+            return
+        self._failed(ReplicaError(f"no data for {self.timeout_s:g} s", timeout=True))
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _failed(self, error: ReplicaError) -> None:
+        exchange, self.exchange = self.exchange, None
+        self.close()
+        if exchange is not None:
+            exchange.fail(error)
+
+    # -- parser callbacks -----------------------------------------------------------------
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self.exchange is not None:
+            self.exchange.head(self.parser.get_status_code(), self.reason, self.headers)
+
+    def on_body(self, body: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.body(body)
+
+    def on_message_complete(self) -> None:
+        exchange, self.exchange = self.exchange, None
+        self._stop_timer()
+        keep = self.parser.should_keep_alive()
+        if exchange is not None:
+            exchange.complete()
+        if keep and self.open:
+            self.pool.release(self)
+        else:
+            self.close()
+
+
+class ReplicaPool:
+    """Idle keep-alive connections to each replica; a new one opened when none is idle."""
+
+    def __init__(self, connect_timeout_s: float, keep_alive_s: float) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.keep_alive_s = keep_alive_s
+        self.idle: dict[str, list[ReplicaConnection]] = {}
+        self._ssl: ssl.SSLContext | None = None
+
+    async def acquire(self, url: str) -> ReplicaConnection:
+        idle = self.idle.get(url)
+        now = time.monotonic()
+        while idle:
+            connection = idle.pop()
+            if connection.open and now - connection.idle_since < self.keep_alive_s:
+                return connection
+            connection.close()
+        parts = urlsplit(url)
+        secure = parts.scheme == "https"
+        if secure and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        port = parts.port or (443 if secure else 80)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, connection = await loop.create_connection(
+                    lambda: ReplicaConnection(self, url),
+                    parts.hostname,
+                    port,
+                    ssl=self._ssl if secure else None,
+                )
+        except (OSError, TimeoutError) as exc:
+            raise ReplicaError(f"unreachable ({type(exc).__name__})", unreachable=True) from None
+        return connection
+
+    def release(self, connection: ReplicaConnection) -> None:
+        connection.idle_since = time.monotonic()
+        self.idle.setdefault(connection.key, []).append(connection)
+
+    def close(self) -> None:
+        for connections in self.idle.values():
+            for connection in connections:
+                connection.close()
+        self.idle.clear()
+
+
+async def relay(
+    connection: ReplicaConnection, responder: Responder, data: bytes, extra: list[tuple[bytes, bytes]], timeout_s: float
+) -> ReplicaError | None:
+    """Send `data` (a whole request) on `connection` and relay the answer to `responder`, `extra`
+    headers added. None once relayed whole; the error that cut it after bytes went out (the client's
+    connection is then dropped, so the client sees a cut answer). Raises `ReplicaError` if the replica
+    failed before any byte of the answer went out. Cancelled (the client hung up), the replica's
+    connection is closed, so the replica sees the hang-up too."""
+    exchange = Exchange(responder, extra)
+    client = responder.connection
+    client.on_pause = connection.pause
+    connection.send(exchange, data, timeout_s)
+    try:
+        await exchange.done
+    except BaseException as exc:
+        if isinstance(exc, asyncio.CancelledError):
+            log.info("client disconnected; its request to the replica was closed")
+        if connection.exchange is exchange:
+            connection.exchange = None
+            connection.close()
+        raise
+    finally:
+        client.on_pause = None
+    if exchange.cut is not None:
+        responder.abort()
+    return exchange.cut
+
+
+def serve_forever(
+    handler: Handler,
+    startup: Callable[[], Awaitable[None]],
+    shutdown: Callable[[], Awaitable[None]],
+    host: str,
+    port: int,
+    max_request_bytes: int,
+    what: str,
+) -> int:
+    """Run the relay until SIGINT or SIGTERM: 0 on a clean stop, 1 if it never started."""
+    import signal
+
+    async def main() -> int:
+        server = RelayServer(handler, max_request_bytes)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await startup()
+        try:
+            try:
+                await server.start(host, port)
+            except OSError as exc:
+                log.error("%s could not listen on %s:%d: %s", what, host, port, exc)
+                return 1
+            log.info("%s listening on http://%s:%d (Ctrl+C to stop)", what, host, port)
+            await stop.wait()
+            log.info("%s stopping: finishing requests in progress (10 s at most)", what)
+            await server.stop(10.0)
+            return 0
+        finally:
+            await shutdown()
+
+    try:
+        import uvloop
+    except ImportError:  # the standard event loop works too, slower
+        return asyncio.run(main())
+    with contextlib.suppress(KeyboardInterrupt):
+        return uvloop.run(main())
+    return 0

@@ -49,7 +49,7 @@ def _reason(status: int) -> bytes:
 class Request:
     """One request as the client sent it, its body whole."""
 
-    __slots__ = ("method", "target", "headers", "body", "keep_alive", "client")
+    __slots__ = ("method", "target", "headers", "body", "keep_alive", "client", "http10")
 
     def __init__(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], client: str) -> None:
         self.method = method
@@ -58,6 +58,7 @@ class Request:
         self.body = b""
         self.keep_alive = True
         self.client = client
+        self.http10 = False  # an HTTP/1.0 client: no chunked answers, the end of one is the connection's
 
 
 class Responder:
@@ -80,6 +81,8 @@ class Responder:
         no_body = status in _NO_BODY or self.request.method == b"HEAD"
         if length is not None:
             lines.append(b"content-length: %d\r\n" % length)
+        elif not no_body and self.request.http10:
+            self.request.keep_alive = False  # its length unknown: the answer ends when the connection closes
         elif not no_body:
             self.chunked = True
             lines.append(b"transfer-encoding: chunked\r\n")
@@ -153,6 +156,7 @@ class ClientConnection(asyncio.Protocol):
         self.paused_reading = False
         self.on_pause: Callable[[bool], None] | None = None  # the replica connection to pause with a slow client
         self.closed = False
+        self.refused = False
         self.idle_timer: asyncio.TimerHandle | None = None
 
     # -- the connection ---------------------------------------------------------------
@@ -230,6 +234,7 @@ class ClientConnection(asyncio.Protocol):
         request.method = self.parser.get_method()
         request.target = self.url
         request.keep_alive = self.parser.should_keep_alive()
+        request.http10 = self.parser.get_http_version() == "1.0"
         length = next((v for k, v in request.headers if k == b"content-length"), None)
         if length is not None and length.isdigit() and int(length) > self.server.max_request_bytes:
             self._too_big()
@@ -304,8 +309,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _refuse(self, status: int, message: str) -> None:
         """An answer before the request could be read: sent after any answer in progress, then closed."""
-        if self.closed or self.transport is None:
+        if self.closed or self.refused or self.transport is None:
             return
+        self.refused = True  # the parser may go on calling back with the rest of what was read
         kind = "invalid_request_error"
         body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
         head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
@@ -380,6 +386,7 @@ class Exchange:
         self.extra_headers = extra_headers
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.cut: ReplicaError | None = None  # what broke off the answer after bytes of it went out
+        self.head_only = responder.request.method == b"HEAD"  # an answer to HEAD has no body, whatever its length
 
     def head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
         kept = [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP]
@@ -500,8 +507,14 @@ class ReplicaConnection(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        if self.exchange is not None:
-            self.exchange.head(self.parser.get_status_code(), self.reason, self.headers)
+        exchange = self.exchange
+        if exchange is None:
+            return
+        exchange.head(self.parser.get_status_code(), self.reason, self.headers)
+        if exchange.head_only:  # the parser would wait for the body its length announces: not reused
+            self.exchange = None
+            self.close()
+            exchange.complete()
 
     def on_body(self, body: bytes) -> None:
         if self.exchange is not None:

@@ -234,3 +234,21 @@ def test_a_replica_that_stops_answering_gets_a_503_with_retry_advice(front):
     assert r.status_code == 503 and r.headers["x-should-retry"] == "true" and "retry-after" in r.headers
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert httpx.get(f"{url}/health").json()["serving"] == 1  # a timeout does not take it out of rotation
+
+
+def test_a_head_request_gets_the_head_alone_and_the_connection_goes_on(front):
+    url, _ = front
+    with httpx.Client(timeout=10) as client:
+        r = client.head(f"{url}/v1/x")
+        assert r.status_code == 200 and r.content == b"" and int(r.headers["content-length"]) > 0
+        assert client.get(f"{url}/v1/after-head").json()["target"] == "/v1/after-head"
+
+
+def test_an_http_1_0_client_gets_a_stream_ended_by_the_connection_not_chunked(front):
+    url, _ = front
+    raw = b"POST /stream?gap=0.05 HTTP/1.0\r\nContent-Length: 2\r\n\r\n{}"
+    data = raw_exchange(url, raw, answers=99)  # read until the front closes the connection
+    head, body = data.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head.lower()
+    assert b"connection: close" in head.lower()
+    assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n"

@@ -342,9 +342,11 @@ class RelayServer:
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int) -> int:
+        """Listen; the port listened on (the one picked, for 0)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: ClientConnection(self), host, port, backlog=2048)
+        return self._server.sockets[0].getsockname()[1]
 
     async def stop(self, grace_s: float) -> None:
         """Stop listening, close idle connections, give requests in progress `grace_s` to finish."""
@@ -627,11 +629,11 @@ def serve_forever(
         await startup()
         try:
             try:
-                await server.start(host, port)
+                bound = await server.start(host, port)
             except OSError as exc:
                 log.error("%s could not listen on %s:%d: %s", what, host, port, exc)
                 return 1
-            log.info("%s listening on http://%s:%d (Ctrl+C to stop)", what, host, port)
+            log.info("%s listening on http://%s:%d (Ctrl+C to stop)", what, host, bound)
             await stop.wait()
             log.info("%s stopping: finishing requests in progress (10 s at most)", what)
             await server.stop(10.0)

@@ -6,11 +6,13 @@ medians separates the change from the machine. Each round starts each version fr
 serve` on SQLite, pinned to core 0, its source tree first on PYTHONPATH) and measures sequential
 latency and requests/s and CPU per request at 32 in flight, as `proxy_overhead.py` does; `--agent`
 sends an agent's request (a system prompt and six tools, ~1,000 prompt tokens) instead of one line;
-`--stream` asks for streamed answers (the engine sends an event a token, as SGLang does).
+`--stream` asks for streamed answers (the engine sends an event a token, as SGLang does); `--front`
+measures each version's `areal-proxy front` (pinned to core 1) over its replica instead: the front's
+CPU per request, requests/s through it, and what it adds to the replica's sequential p50.
 
     git worktree add /tmp/before HEAD~1
     python benchmarks/proxy_ab.py before=/tmp/before after=. [--rounds 4] [--requests 3000] [--postgres] \
-        [--agent] [--stream]
+        [--agent] [--stream] [--front]
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from benchmarks.proxy_overhead import (  # noqa: E402
     wait_answering,
 )
 from tests.conftest import fresh_pg_database  # noqa: E402
-from trainer.launch.processes import start_process, stop_process  # noqa: E402
+from trainer.launch.processes import free_port, start_process, stop_process  # noqa: E402
 
 
 def one_round(name: str, source: Path, engine_url: str, db_url: str, args: argparse.Namespace, tmp: Path) -> dict:
@@ -47,16 +49,31 @@ def one_round(name: str, source: Path, engine_url: str, db_url: str, args: argpa
     env = {**target.env, "PYTHONPATH": str(source)}
     log = tmp / f"{name}.log"
     proc = start_process([*pin(0), *target.argv], log, cwd=target.cwd, env=env)
+    front = None
     try:
         wait_answering(target.url, target.model, proc, log)
-        seq = asyncio.run(sequential(target.url, target.model, args.sequential, ask))
-        con = asyncio.run(concurrent(target.url, target.model, args.requests, 32, tree_cpu(proc.pid), ask))
+        url, cpu, direct = target.url, tree_cpu(proc.pid), None
+        if args.front:  # the same version's front (pinned to core 1) over this replica; its CPU is measured
+            replica = target.url.removesuffix("/v1/chat/completions")
+            port = free_port()
+            argv = [*pin(1), sys.executable, "-m", "proxy.cli", "front", "--port", str(port), "--replicas", replica]
+            front_log = tmp / f"{name}-front.log"
+            front = start_process([*argv, "--set", "proxy.log_level=warning"], front_log, cwd=tmp, env=env)
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            wait_answering(url, target.model, front, front_log)
+            cpu = tree_cpu(front.pid)
+            direct = asyncio.run(sequential(target.url, target.model, args.sequential, ask))
+        seq = asyncio.run(sequential(url, target.model, args.sequential, ask))
+        con = asyncio.run(concurrent(url, target.model, args.requests, 32, cpu, ask))
     finally:
+        if front is not None:
+            stop_process(front, 30)
         stop_process(proc, 30)
     return {
         "rps": con["rps"],
         "cpu_ms": con["cpu_ms_per_request"],
-        "seq_p50_ms": pct(seq, 0.5),
+        # with --front: what the front adds to the replica's sequential p50, measured in the same round
+        "seq_p50_ms": pct(seq, 0.5) - (pct(direct, 0.5) if direct else 0.0),
         "p99_over_p50": pct(con["times"], 0.99) / pct(con["times"], 0.5),
     }
 
@@ -70,6 +87,9 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="a fresh PostgreSQL database a round, not SQLite")
     parser.add_argument("--agent", action="store_true", help="an agent's request: system prompt and six tools")
     parser.add_argument("--stream", action="store_true", help="answers streamed: an SSE event a token, read to the end")
+    parser.add_argument(
+        "--front", action="store_true", help="each version's `areal-proxy front` over its replica: the front measured"
+    )
     args = parser.parse_args()
     versions = [(name, Path(path).resolve()) for name, path in (v.split("=", 1) for v in args.versions)]
     tmp = Path(tempfile.mkdtemp(prefix="areal-ab-"))

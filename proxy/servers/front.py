@@ -167,6 +167,7 @@ class Front:
             return
         headers = _forward_headers(request)
         if path == "/weights" and request.method == b"POST":
+            responder.cancellable = False  # a push goes on to every replica even if its client hangs up
             refusal = self._check_push(request.headers, request.body)
             if refusal is not None:
                 await _send_error(responder.send, refusal)

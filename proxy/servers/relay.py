@@ -72,6 +72,7 @@ class Responder:
         self.chunked = False
         self.started = False  # a byte of the answer went out
         self.finished = False
+        self.cancellable = True  # a hang-up cancels the handler (not for work that must finish, as a weight push)
         self._start: dict | None = None  # an ASGI start message waiting for its first body message
 
     def begin(self, status: int, headers: list[tuple[bytes, bytes]], reason: bytes = b"", length: int | None = None):
@@ -177,7 +178,8 @@ class ClientConnection(asyncio.Protocol):
             log.info("client disconnected before sending the whole body of %s", what)
         if self.idle_timer is not None:
             self.idle_timer.cancel()
-        if self.task is not None and not self.task.done():
+        cancellable = self.responder is None or self.responder.cancellable
+        if self.task is not None and not self.task.done() and cancellable:
             self.task.cancel()  # the handler closes the replica's connection under it
 
     def data_received(self, data: bytes) -> None:

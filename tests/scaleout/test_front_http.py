@@ -31,8 +31,17 @@ LIMIT = 4096  # the front's request body limit in these tests
 
 
 def replica_app(seen: list[dict]) -> Starlette:
+    state = {"version": 0}
+
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "version": 0})
+        return JSONResponse({"status": "ok", "version": state["version"]})
+
+    async def weights(request: Request) -> Response:
+        pushed = await request.json()
+        await asyncio.sleep(1.0)  # loading takes a while
+        state["version"] = pushed["version"]
+        seen.append({"weights": pushed})
+        return JSONResponse({"version": pushed["version"]})
 
     async def echo(request: Request) -> Response:
         body = await request.body()
@@ -63,6 +72,7 @@ def replica_app(seen: list[dict]) -> Starlette:
         return Response(b"late")
 
     routes = [Route("/health", health), Route("/stream", stream, methods=["POST"]), Route("/stall", stall)]
+    routes.append(Route("/weights", weights, methods=["POST"]))
     routes.append(Route("/{path:path}", echo, methods=["GET", "POST", "PUT", "DELETE"]))
     return Starlette(routes=routes)
 
@@ -73,6 +83,7 @@ def front(tmp_path_factory) -> Iterator[tuple[str, list[dict]]]:
     tmp = tmp_path_factory.mktemp("front-http")
     with serve_app(replica_app(seen), proxy_headers=False) as replica:  # the peer is the front's connection
         args = ["--replicas", replica, "--set", f"proxy.max_request_bytes={LIMIT}", "--set", "front.timeout_s=2"]
+        args += ["--set", "front.health_interval_s=60"]  # what the front knows of the replica comes from the requests
         with cli_process(tmp, "front", *args, timeout=60) as (url, _proc, _log):
             yield url, seen
 
@@ -252,3 +263,16 @@ def test_an_http_1_0_client_gets_a_stream_ended_by_the_connection_not_chunked(fr
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head.lower()
     assert b"connection: close" in head.lower()
     assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+
+
+def test_a_weight_push_goes_on_when_its_client_hangs_up(front):
+    url, seen = front
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"path": "/ckpt/step-7", "version": 7}).encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /weights HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.3)  # the replica is loading: the client gives up
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{url}/health").json()["version"] != 7:  # the front took the replica's answer
+        assert time.monotonic() < deadline, "the push was dropped with its client"
+        time.sleep(0.1)

@@ -119,6 +119,7 @@ class EventStream(StreamingResponse):
 
 
 async def _hung_up(receive: Any) -> None:
+    """Returns once the client has hung up."""
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -150,13 +151,8 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """`work`, cancelled if the client hangs up before it is done (then `ClientDisconnect`, which the
     app logs as a 499): a non-streamed answer nobody waits for is not generated to its end."""
     task = asyncio.ensure_future(work)
-
-    async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        task.cancel()
-
-    watcher = asyncio.create_task(watch())
+    watcher = asyncio.create_task(_hung_up(request.receive))
+    watcher.add_done_callback(lambda done: done.cancelled() or task.cancel())
     try:
         return await task
     except asyncio.CancelledError:

@@ -46,6 +46,11 @@ def _reason(status: int) -> bytes:
         return b""
 
 
+def _error_body(message: str, kind: str) -> bytes:
+    """An error the front makes itself, in OpenAI's shape."""
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
+
+
 class Request:
     """One request as the client sent it, its body whole."""
 
@@ -286,8 +291,7 @@ class ClientConnection(asyncio.Protocol):
         except Exception:
             log.exception("the front failed on %s %s", request.method.decode(), request.target[:200])
             if not responder.started:  # an error in OpenAI's shape
-                detail = {"message": "internal error in the front", "type": "server_error", "param": None, "code": None}
-                error = orjson.dumps({"error": detail})
+                error = _error_body("internal error in the front", "server_error")
                 responder.begin(500, [(b"content-type", b"application/json")], length=len(error))
                 responder.write(error, last=True)
             else:
@@ -314,8 +318,7 @@ class ClientConnection(asyncio.Protocol):
         if self.closed or self.refused or self.transport is None:
             return
         self.refused = True  # the parser may go on calling back with the rest of what was read
-        kind = "invalid_request_error"
-        body = orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
+        body = _error_body(message, "invalid_request_error")
         head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
         data = head % (status, _reason(status), len(body)) + body
         self.building = None
@@ -436,7 +439,6 @@ class ReplicaConnection(asyncio.Protocol):
         self.idle_since = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.timeout_s = 0.0
-        self.reused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
@@ -465,8 +467,6 @@ class ReplicaConnection(asyncio.Protocol):
         assert self.transport is not None
         self.exchange = exchange
         self.reason, self.headers = b"", []
-        self.parser = httptools.HttpResponseParser(self) if self.reused else self.parser
-        self.reused = True
         self.last_data = time.monotonic()
         self.timeout_s = timeout_s
         self.timer = asyncio.get_running_loop().call_later(timeout_s, self._check_timeout)

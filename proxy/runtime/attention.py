@@ -12,9 +12,13 @@ attention, softmax in float32, but folds a key/value head's query heads into one
 Its score matrix is materialised, so a forward whose scores would exceed `MAX_SCORES` elements
 (long prompts, long training sequences) goes to PyTorch's memory-efficient SDPA kernel instead,
 with the same additive mask. So does a decode step of a few rows (`DECODE_SDPA_ROWS`): there the
-small matmuls and the softmax cost more than SDPA's fused kernel (2 cores, one 9-head query over
-100-400 keys: ~140 µs against ~35 µs a layer in bfloat16, ~70 against ~30 in float32; SDPA falls
-behind from ~16 rows in bfloat16 and ~4 in float32).
+small matmuls and the softmax cost more than SDPA's fused kernel. On CPU that kernel runs in
+float32 whatever the model's dtype (bfloat16 queries, keys and values are widened, exactly, and the
+output rounded back): its bfloat16 path is fast only where the CPU has AMX. Two cores, one 9-head
+query over 100-300 keys, a layer: on an AMD EPYC with AVX-512 BF16, bfloat16 SDPA 115-325 µs,
+widened to float32 39-73, the grouped matmuls 120-170; with 8 rows 500-1,530, 114-269, 176-373.
+On an Intel Xeon with AMX bfloat16 SDPA took ~35 µs and float32 ~30. In float32 SDPA falls behind
+the grouped matmuls from ~4 rows, widened bfloat16 from ~16.
 
 `register()` makes it available as `attn_implementation="areal_grouped"`, with transformers'
 eager (additive float) mask.
@@ -50,11 +54,14 @@ def grouped_attention(
     kv_heads, k = key.shape[1], key.shape[2]
     dropout = dropout if module.training else 0.0
     if b * heads * q * k > MAX_SCORES or (q == 1 and b <= DECODE_SDPA_ROWS.get(query.dtype, 0)):
+        dtype = query.dtype
+        if q == 1 and query.device.type == "cpu" and dtype != torch.float32:
+            query, key, value = query.float(), key.float(), value.float()
         mask = None if attention_mask is None else attention_mask.to(query.dtype)
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=heads != kv_heads
         )
-        return out.transpose(1, 2).contiguous(), None
+        return out.transpose(1, 2).to(dtype).contiguous(), None
     groups = heads // kv_heads
     qg = query.reshape(b, kv_heads, groups * q, d)  # a KV head's query heads are consecutive
     scores = torch.matmul(qg, key.transpose(2, 3)) * scaling  # (B, KVH, G·q, k)

@@ -80,3 +80,31 @@ def test_left_padded_decode_steps_over_a_cache_match_eager(path):
             ]
             torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
             positions = positions + 1
+
+
+def test_few_row_bfloat16_decode_runs_in_float32_and_matches_float32_attention():
+    """On CPU a bfloat16 decode step of a few rows goes to SDPA widened to float32: its output is
+    float32 attention over the same (exactly widened) values, rounded once to bfloat16."""
+    torch.manual_seed(0)
+    rows, heads, kv_heads, keys, dim = 3, 6, 2, 40, 16
+    query = torch.randn(rows, heads, 1, dim).bfloat16()
+    key = torch.randn(rows, kv_heads, keys, dim).bfloat16()
+    value = torch.randn(rows, kv_heads, keys, dim).bfloat16()
+    mask = torch.zeros(rows, 1, 1, keys, dtype=torch.bfloat16)
+    mask[1, ..., :7] = torch.finfo(torch.bfloat16).min  # a left-padded row
+    assert rows <= attention.DECODE_SDPA_ROWS[torch.bfloat16]
+
+    out, _ = attention.grouped_attention(_Eval, query, key, value, mask, dim**-0.5)
+
+    expected, _ = attention.grouped_attention(_Eval, query.float(), key.float(), value.float(), mask.float(), dim**-0.5)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, 1, heads, dim)
+    torch.testing.assert_close(out, expected.bfloat16(), rtol=0, atol=0)
+    # the padded row attends to its real keys only
+    alone, _ = attention.grouped_attention(
+        _Eval, query[1:2].float(), key[1:2, :, 7:].float(), value[1:2, :, 7:].float(), None, dim**-0.5
+    )
+    torch.testing.assert_close(out[1:2], alone.bfloat16(), rtol=0, atol=1e-2)
+
+
+class _Eval:
+    training = False

@@ -18,7 +18,8 @@ output rounded back): its bfloat16 path is fast only where the CPU has AMX. Two 
 query over 100-300 keys, a layer: on an AMD EPYC with AVX-512 BF16, bfloat16 SDPA 115-325 µs,
 widened to float32 39-73, the grouped matmuls 120-170; with 8 rows 500-1,530, 114-269, 176-373.
 On an Intel Xeon with AMX bfloat16 SDPA took ~35 µs and float32 ~30. In float32 SDPA falls behind
-the grouped matmuls from ~4 rows, widened bfloat16 from ~16.
+the grouped matmuls from ~4 rows, widened bfloat16 from ~16. Over long caches copying the keys and
+values costs more than it saves, so a step over more than `WIDEN_KEYS` keys stays in bfloat16.
 
 `register()` makes it available as `attn_implementation="areal_grouped"`, with transformers'
 eager (additive float) mask.
@@ -37,6 +38,9 @@ NAME = "areal_grouped"
 MAX_SCORES = 1 << 22
 # Decode steps (one query per row) of at most this many rows go to SDPA, by dtype.
 DECODE_SDPA_ROWS = {torch.bfloat16: 8, torch.float32: 2}
+# ... and on CPU over at most this many keys in float32: widening costs more than it saves from ~3,000
+# keys (AMD EPYC, one row: 1,000 keys 805 µs bfloat16 against 195 widened; 4,000 keys 3.0 against 3.7 ms).
+WIDEN_KEYS = 2048
 
 
 def grouped_attention(
@@ -55,7 +59,7 @@ def grouped_attention(
     dropout = dropout if module.training else 0.0
     if b * heads * q * k > MAX_SCORES or (q == 1 and b <= DECODE_SDPA_ROWS.get(query.dtype, 0)):
         dtype = query.dtype
-        if q == 1 and query.device.type == "cpu" and dtype != torch.float32:
+        if q == 1 and k <= WIDEN_KEYS and query.device.type == "cpu" and dtype != torch.float32:
             query, key, value = query.float(), key.float(), value.float()
         mask = None if attention_mask is None else attention_mask.to(query.dtype)
         out = F.scaled_dot_product_attention(

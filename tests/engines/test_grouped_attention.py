@@ -108,3 +108,14 @@ def test_few_row_bfloat16_decode_runs_in_float32_and_matches_float32_attention()
 
 class _Eval:
     training = False
+
+
+def test_a_bfloat16_decode_step_over_a_long_cache_stays_in_bfloat16(monkeypatch):
+    """Over more than WIDEN_KEYS keys the copies cost more than they save: SDPA runs in bfloat16."""
+    monkeypatch.setattr(attention, "WIDEN_KEYS", 16)
+    torch.manual_seed(1)
+    query = torch.randn(1, 4, 1, 8).bfloat16()
+    key, value = torch.randn(1, 2, 40, 8).bfloat16(), torch.randn(1, 2, 40, 8).bfloat16()
+    out, _ = attention.grouped_attention(_Eval, query, key, value, None, 8**-0.5)
+    expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, scale=8**-0.5, enable_gqa=True)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=0)

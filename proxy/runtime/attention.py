@@ -57,9 +57,10 @@ def grouped_attention(
     b, heads, q, d = query.shape
     kv_heads, k = key.shape[1], key.shape[2]
     dropout = dropout if module.training else 0.0
-    if b * heads * q * k > MAX_SCORES or (q == 1 and b <= DECODE_SDPA_ROWS.get(query.dtype, 0)):
+    few_rows = q == 1 and b <= DECODE_SDPA_ROWS.get(query.dtype, 0)
+    if b * heads * q * k > MAX_SCORES or few_rows:
         dtype = query.dtype
-        if q == 1 and k <= WIDEN_KEYS and query.device.type == "cpu" and dtype != torch.float32:
+        if few_rows and k <= WIDEN_KEYS and query.device.type == "cpu" and dtype != torch.float32:
             query, key, value = query.float(), key.float(), value.float()
         mask = None if attention_mask is None else attention_mask.to(query.dtype)
         out = F.scaled_dot_product_attention(

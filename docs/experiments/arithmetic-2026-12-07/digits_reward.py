@@ -1,5 +1,7 @@
 """Partial credit for arithmetic: 1.0 for the exact answer, else 0.4 x the share of right-aligned
-digit positions (of |answer| against |reference|) that match; nothing without a number. Used with these two settings:
+digit positions (of |answer| against |reference|) that match; nothing without a number. Exact means equal
+as integers, not `numbers_equal` as `math_exact` checks: an answer written "18.0" scores 0 here (the runs
+answered in integers). Used with these two settings:
 
     --set 'rewards.modules=["docs/experiments/arithmetic-2026-12-07/digits_reward.py"]'
     --set rollout.reward_fn=arith_digits

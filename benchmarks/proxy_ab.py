@@ -6,13 +6,14 @@ medians separates the change from the machine. Each round starts each version fr
 serve` on SQLite, pinned to core 0, its source tree first on PYTHONPATH) and measures sequential
 latency and requests/s and CPU per request at 32 in flight, as `proxy_overhead.py` does; `--agent`
 sends an agent's request (a system prompt and six tools, ~1,000 prompt tokens) instead of one line;
-`--stream` asks for streamed answers (the engine sends an event a token, as SGLang does); `--front`
+`--stream` asks for streamed answers (the engine sends an event a token, as SGLang does); `--api
+responses` or `--api messages` sends the same request to the Responses or Anthropic Messages route; `--front`
 measures each version's `areal-proxy front` (pinned to core 1) over its replica instead: the front's
 CPU per request, requests/s through it, and what it adds to the replica's sequential p50.
 
     git worktree add /tmp/before HEAD~1
     python benchmarks/proxy_ab.py before=/tmp/before after=. [--rounds 4] [--requests 3000] [--postgres] \
-        [--agent] [--stream] [--front]
+        [--agent] [--stream] [--api chat|responses|messages] [--front]
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from trainer.launch.processes import free_port, start_process, stop_process  # n
 
 def one_round(name: str, source: Path, engine_url: str, db_url: str, args: argparse.Namespace, tmp: Path) -> dict:
     target = ours(engine_url, db_url, name, tmp)
-    ask = Ask(agent=args.agent, stream=args.stream)
+    ask = Ask(agent=args.agent, stream=args.stream, api=args.api)
     env = {**target.env, "PYTHONPATH": str(source)}
     log = tmp / f"{name}.log"
     proc = start_process([*pin(0), *target.argv], log, cwd=target.cwd, env=env)
@@ -87,6 +88,9 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="a fresh PostgreSQL database a round, not SQLite")
     parser.add_argument("--agent", action="store_true", help="an agent's request: system prompt and six tools")
     parser.add_argument("--stream", action="store_true", help="answers streamed: an SSE event a token, read to the end")
+    parser.add_argument(
+        "--api", choices=["chat", "responses", "messages"], default="chat", help="the API (and route) each request uses"
+    )
     parser.add_argument(
         "--front", action="store_true", help="each version's `areal-proxy front` over its replica: the front measured"
     )

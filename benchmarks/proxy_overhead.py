@@ -55,14 +55,33 @@ class Ask:
 
     agent: bool = False
     stream: bool = False
+    api: str = "chat"  # or "responses", "messages": the same request in that API's shape, at its route
+
+
+API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+# How each API's streamed answer ends.
+STREAM_ENDS = {"chat": b"data: [DONE]\n\n", "responses": b"response.completed", "messages": b"message_stop"}
+SYSTEM = "You are a careful travel agent. Check before you answer. " * 12
 
 
 def body(i: int, model: str, ask: Ask = Ask()) -> dict:
     question = {"role": "user", "content": f"Request {i}: say hello."}
-    request = {"model": model, "messages": [question], "max_tokens": 16}
-    if ask.agent:
-        system = {"role": "system", "content": "You are a careful travel agent. Check before you answer. " * 12}
-        request.update(messages=[system, question], tools=AGENT_TOOLS)
+    if ask.api == "responses":
+        request: dict = {"model": model, "input": question["content"], "max_output_tokens": 16}
+        if ask.agent:
+            request.update(instructions=SYSTEM, tools=[{"type": "function", **t["function"]} for t in AGENT_TOOLS])
+    elif ask.api == "messages":
+        request = {"model": model, "messages": [question], "max_tokens": 16}
+        if ask.agent:
+            tools = [
+                {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
+                for f in (t["function"] for t in AGENT_TOOLS)
+            ]
+            request.update(system=SYSTEM, tools=tools)
+    else:
+        request = {"model": model, "messages": [question], "max_tokens": 16}
+        if ask.agent:
+            request.update(messages=[{"role": "system", "content": SYSTEM}, question], tools=AGENT_TOOLS)
     if ask.stream:
         request["stream"] = True
     return request
@@ -94,12 +113,15 @@ class Failed(Exception):
 
 
 async def post(session: aiohttp.ClientSession, url: str, model: str, i: int, ask: Ask = Ask()) -> float:
+    """One request, its answer read whole; `url` is the chat route's, `ask.api` picks the route."""
+    if ask.api != "chat":
+        url = url.replace(API_PATHS["chat"], API_PATHS[ask.api])
     t = time.perf_counter()
     async with session.post(url, json=body(i, model, ask)) as r:
         text = await r.read()
         if r.status != 200:
             raise Failed(f"{r.status}: {text[:300]!r}")
-        if ask.stream and not text.endswith(b"data: [DONE]\n\n"):
+        if ask.stream and STREAM_ENDS[ask.api] not in text[-300:]:
             raise Failed(f"a streamed answer without its end: {text[-300:]!r}")
     return time.perf_counter() - t
 

@@ -25,6 +25,7 @@ from starlette.responses import Response
 from proxy.config import Config
 from proxy.errors import APIError, store_unavailable
 from proxy.routes.common import anthropic_error, error_response, is_messages_route
+from proxy.routes.deps import ModelCallTable
 from proxy.schemas.common import validation_error
 from proxy.sessions import expire_open_sessions
 from proxy.state import AppState
@@ -95,8 +96,10 @@ def create_app(cfg: Config) -> FastAPI:
     app.include_router(chat.router)
     app.include_router(control.router)
     _mount_ui(app, state)
-    for module in _optional_routers():
-        app.include_router(module.router)
+    routers = [chat.router, *(module.router for module in _optional_routers())]
+    for router in routers[1:]:
+        app.include_router(router)
+    app.router.routes.insert(0, ModelCallTable(route for router in routers for route in router.routes))
     app.add_middleware(BodyLimit, limit=cfg.proxy.max_request_bytes)
     return app
 

@@ -1,8 +1,9 @@
-"""The model-call routes skip FastAPI's request handler (`ModelCallRoute`); they must answer every
-body exactly as FastAPI's handler with the same dependencies does. One app serves the same endpoint
-both ways (uvicorn on a free port), for each client API's body model, and every answer is compared:
-status, headers that matter, body. The services are a stand-in whose readiness the test switches,
-so the order of checks (body parsed, services, body validated) is compared too."""
+"""The model-call routes skip FastAPI's request handler (`ModelCallRoute`) and its route matching
+(`ModelCallTable`); they must answer every body exactly as FastAPI's handler with the same
+dependencies does. One app serves the same endpoint both ways (uvicorn on a free port), for each
+client API's body model, and every answer is compared: status, headers that matter, body. The
+services are a stand-in whose readiness the test switches, so the order of checks (body parsed,
+services, body validated) is compared too."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from starlette.responses import Response
 from proxy.app import BodyLimit, install_error_handlers
 from proxy.errors import engine_unavailable
 from proxy.routes.common import JsonRoute, json_response
-from proxy.routes.deps import CallerDep, Completions, ModelCallRoute, State
+from proxy.routes.deps import CallerDep, Completions, ModelCallRoute, ModelCallTable, State
 from proxy.schemas.chat import ChatCompletionRequest
 from proxy.schemas.completions import CompletionRequest
 from proxy.schemas.messages import MessagesRequest
@@ -63,16 +64,30 @@ def _endpoint(model: type) -> Any:
     return endpoint
 
 
+class CountingTable(ModelCallTable):
+    """The table, counting the calls it hands to a route (the lean routes must all pass it)."""
+
+    handled = 0
+
+    async def handle(self, scope: Any, receive: Any, send: Any) -> None:
+        CountingTable.handled += 1
+        await super().handle(scope, receive, send)
+
+
 def _app(services: Services) -> FastAPI:
     app = FastAPI(docs_url=None, redoc_url=None)
     app.state.areal = services
     install_error_handlers(app)
+    lean = []
     for name, model in MODELS.items():
         for kind, route_class in (("fastapi", JsonRoute), ("lean", ModelCallRoute)):
             router = APIRouter(route_class=route_class)
             for path in (f"/{kind}/v1/{name}", f"/{kind}/sessions/{{session_id}}/v1/{name}"):
                 router.add_api_route(path, _endpoint(model), methods=["POST"])
             app.include_router(router)
+            if kind == "lean":
+                lean.extend(router.routes)
+    app.router.routes.insert(0, CountingTable(lean))  # as `create_app` puts it
     app.add_middleware(BodyLimit, limit=4096)
     return app
 
@@ -119,6 +134,7 @@ def test_model_call_route_answers_as_fastapi(served: tuple[str, Services], api: 
     url, services = served
     services.ready = ready
     statuses = set()
+    handled = CountingTable.handled
     with httpx.Client(timeout=30) as client:
         for label, content, headers in BODIES:
             for prefix in ("", "/sessions/s-1"):
@@ -128,6 +144,55 @@ def test_model_call_route_answers_as_fastapi(served: tuple[str, Services], api: 
                 statuses.add(expected.status_code)
     # The bodies reach every outcome: valid, refused, too large, and the 503 while loading.
     assert statuses == ({200, 400, 413} if ready else {400, 413, 503})
+    # Every lean call was found by the table, except those refused as too large before routing.
+    too_large = sum(1 for _, content, _ in BODIES if len(content) > 4096)
+    assert CountingTable.handled - handled == 2 * (len(BODIES) - too_large)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/chat/completions"),  # a model-call path, another method: 405
+        ("PUT", "/sessions/s-1/v1/messages"),
+        ("POST", "/sessions//v1/chat/completions"),  # no session id: 404
+        ("POST", "/sessions/a/b/v1/chat/completions"),  # a session id with a slash: 404
+        ("POST", "/sessions/s-1/v1/chat/completions/"),  # a trailing slash: FastAPI's redirect
+        ("POST", "/v1/chat/completion"),
+    ],
+)
+def test_what_the_table_does_not_match_is_answered_as_fastapi_answers_it(
+    served: tuple[str, Services], method: str, path: str
+) -> None:
+    url, _ = served
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    with httpx.Client(timeout=30) as client:
+        expected = client.request(method, f"{url}/fastapi{path}", content=body)
+        got = client.request(method, f"{url}/lean{path}", content=body)
+    assert expected.status_code in (307, 404, 405)
+    if expected.status_code == 307:
+        location = expected.headers["location"].replace("/fastapi/", "/lean/")
+        assert (got.status_code, got.headers["location"]) == (307, location)
+    else:
+        assert (got.status_code, got.json()) == (expected.status_code, expected.json())
+
+
+def test_the_table_finds_each_route_and_its_session_id() -> None:
+    router = APIRouter()
+    paths = ["/v1/chat/completions", "/sessions/{session_id}/v1/chat/completions", "/sessions/{session_id}/v1/messages"]
+    endpoint = _endpoint(ChatCompletionRequest)
+    for path in paths:
+        router.add_api_route(path, endpoint, methods=["POST"], route_class_override=ModelCallRoute)
+    table = ModelCallTable(router.routes)
+    route, params = table.find("/sessions/ep%2F1 x/v1/messages")
+    assert route is not None and route.path == paths[2] and params == {"session_id": "ep%2F1 x"}
+    route, params = table.find("/v1/chat/completions")
+    assert route is not None and route.path == paths[0] and params == {}
+    assert table.find("/sessions/x/v1/responses") == (None, {})
+    assert table.find("/sessions/x") == (None, {})
+    with pytest.raises(ValueError, match="only a session id"):
+        bad = APIRouter()
+        bad.add_api_route("/v1/{model}/chat", endpoint, methods=["POST"], route_class_override=ModelCallRoute)
+        ModelCallTable(bad.routes)
 
 
 def test_a_model_call_route_refuses_a_parameter_it_cannot_fill() -> None:

@@ -15,6 +15,8 @@ import hashlib
 import json
 from typing import Any
 
+import orjson
+
 from proxy.errors import invalid_request
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -118,10 +120,14 @@ def _tool_calls(raw: Any, param: str) -> list[dict[str, Any]]:
 
 
 def message_key(m: dict[str, Any]) -> bytes:
-    """The fields of a canonical message that survive a client round trip."""
+    """The fields of a canonical message that survive a client round trip, as compact UTF-8 JSON.
+
+    The stored chain hashes were made from `json.dumps(key, ensure_ascii=False, separators=(",",
+    ":")).encode()`; orjson writes the same bytes for every character (tested over all of Unicode)
+    at a twentieth of the cost, which every call pays for every message of its conversation."""
     calls = [[c["id"], c["function"]["name"], c["function"]["arguments"]] for c in m.get("tool_calls") or ()]
     key = [m["role"], m.get("content") or "", calls, m.get("tool_call_id") or "", m.get("name") or ""]
-    return json.dumps(key, ensure_ascii=False, separators=(",", ":")).encode()
+    return orjson.dumps(key)
 
 
 def extend_hash(prev: str, message: dict[str, Any]) -> str:

@@ -22,11 +22,13 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, C
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
 from proxy.engines.base import EngineRequestError, EngineUnavailable, StreamDelta
+from proxy.engines.http1 import UpstreamError, UpstreamPool, host_line, post
 
 log = logging.getLogger(__name__)
 
@@ -276,14 +278,18 @@ def error_from_body(body: Any, status: int) -> Exception:
 
 
 async def raise_for_status(response: aiohttp.ClientResponse) -> None:
-    if response.status < 400:
-        return
-    raw = (await response.read()).decode(errors="replace")
+    if response.status >= 400:
+        raise error_from_answer(await response.read(), response.status)
+
+
+def error_from_answer(raw: bytes, status: int) -> Exception:
+    """The engine error for an error answer's raw body (JSON or text)."""
+    text = raw.decode(errors="replace")
     try:
-        body: Any = json.loads(raw)
+        body: Any = json.loads(text)
     except json.JSONDecodeError:
-        body = raw.strip()
-    raise error_from_body(body, response.status)
+        body = text.strip()
+    return error_from_body(body, status)
 
 
 async def post_json(client: aiohttp.ClientSession, url: str, body: Any = None, **kwargs: Any) -> Any:
@@ -293,6 +299,38 @@ async def post_json(client: aiohttp.ClientSession, url: str, body: Any = None, *
             await raise_for_status(response)
             raw = await response.read()
     return answer_json(raw, url)
+
+
+class Poster:
+    """POSTs of pre-encoded JSON to the engine servers over `proxy.engines.http1`'s pooled
+    connections, answers read whole: a generation nobody streams (most calls). Same timeouts,
+    keep-alive, bearer key and errors as `http_client`'s, at a fraction of aiohttp's CPU a call."""
+
+    def __init__(self, timeout_s: float, api_key: str = "") -> None:
+        self.pool = UpstreamPool(connect_timeout_s=min(timeout_s, 10.0), keep_alive_s=ENGINE_KEEP_ALIVE_S)
+        self.timeout_s = timeout_s
+        self.auth = b"authorization: Bearer %s\r\n" % api_key.encode() if api_key else b""
+        self._targets: dict[str, tuple[bytes, bytes]] = {}  # server + route -> (request target, header lines)
+
+    async def post_json(self, server: str, route: str, payload: bytes) -> Any:
+        url = server + route
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            headers = host_line(server) + b"content-type: application/json\r\n" + self.auth
+            target = self._targets[url] = (path.encode(), headers)
+        try:
+            status, raw = await post(self.pool, server, target[0], payload, target[1], self.timeout_s)
+        except UpstreamError as exc:
+            what = "timed out" if exc.timeout else "unreachable"
+            raise ServerError(f"{url} {what} ({exc})") from exc
+        if status >= 400:
+            raise error_from_answer(raw, status)
+        return answer_json(raw, url)
+
+    def close(self) -> None:
+        self.pool.close()
 
 
 async def post_ok(client: aiohttp.ClientSession, url: str, body: Any = None) -> str:

@@ -34,6 +34,7 @@ from proxy.engines.base import (
 from proxy.engines.config import EngineConfig
 from proxy.engines.pool import (
     JSON_HEADERS,
+    Poster,
     Server,
     ServerError,
     ServerPool,
@@ -41,7 +42,6 @@ from proxy.engines.pool import (
     decode_event,
     http_client,
     http_errors,
-    post_json,
     raise_for_status,
     sse_events,
 )
@@ -104,6 +104,7 @@ class RemoteEngine(ABC):
         self.model_id: str | None = None  # the served model id requests name (`ServedModel.served_id`)
         self._versions = WeightVersions()
         self._client: aiohttp.ClientSession | None = None
+        self._poster: Poster | None = None  # generations answered whole
         self._info: ModelInfo | None = None
         self._update_lock = asyncio.Lock()
         self.merges_adapters = False  # every server merges adapters sent as weight updates
@@ -161,6 +162,7 @@ class RemoteEngine(ABC):
 
     async def start(self) -> None:
         self._client = http_client(self.cfg.timeout_s, self.cfg.api_key)
+        self._poster = Poster(self.cfg.timeout_s, self.cfg.api_key)
         answers = await asyncio.gather(*(self._describe(s) for s in self.pool.servers))
         found = [(s, m) for s, m in zip(self.pool.servers, answers, strict=True) if m is not None]
         if not found:
@@ -204,12 +206,14 @@ class RemoteEngine(ABC):
         )
         payload = orjson.dumps(body)
         client = self._http
+        poster = self._poster
+        assert poster is not None  # started with the client
 
         async def open_stream(server: Server) -> AsyncIterator[StreamDelta]:
             url = server.url + self.generate_route
             decoder = self._new_decoder(params.top_logprobs, versions)
             if not streamed:  # one JSON answer: cheaper than SSE when nobody watches tokens arrive
-                yield one_answer(decoder, await post_json(client, url, data=payload, headers=JSON_HEADERS), url)
+                yield one_answer(decoder, await poster.post_json(server.url, self.generate_route, payload), url)
                 return
             with http_errors(url):
                 async with client.post(url, data=payload, headers=JSON_HEADERS) as response:
@@ -271,6 +275,9 @@ class RemoteEngine(ABC):
 
     async def stop(self) -> None:
         """Close the connections; the servers abort the requests whose streams were closed."""
+        if self._poster is not None:
+            self._poster.close()
+            self._poster = None
         if self._client is not None:
             await self._client.close()
             self._client = None

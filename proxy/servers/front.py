@@ -32,10 +32,11 @@ import aiohttp
 from pydantic import ValidationError
 
 from proxy.config import Config, ConfigError, FrontConfig
+from proxy.engines.http1 import UpstreamError, UpstreamPool
 from proxy.errors import APIError, unauthorized
 from proxy.schemas.common import validation_error
 from proxy.schemas.control import Weights
-from proxy.servers.relay import HOP_BY_HOP, ReplicaError, ReplicaPool, Request, Responder, relay
+from proxy.servers.relay import HOP_BY_HOP, Request, Responder, relay
 from proxy.sessions import bearer
 
 log = logging.getLogger("areal_front")
@@ -149,7 +150,7 @@ class Front:
         self.max_request_bytes = max_request_bytes
         self.admin_key = admin_key
         self.router = Router(cfg.replicas)
-        self.pool = ReplicaPool(connect_timeout_s=min(5.0, cfg.timeout_s), keep_alive_s=_KEEP_ALIVE_S)
+        self.pool = UpstreamPool(connect_timeout_s=min(5.0, cfg.timeout_s), keep_alive_s=_KEEP_ALIVE_S)
         self.client: aiohttp.ClientSession | None = None  # health checks and weight pushes
         self.weights: tuple[bytes, list[tuple[bytes, bytes]], int] | None = None  # last pushed: body, headers, version
         self._weights_lock: asyncio.Lock | None = None
@@ -203,7 +204,7 @@ class Front:
             try:
                 try:
                     connection = await self.pool.acquire(replica.url)
-                except ReplicaError as exc:
+                except UpstreamError as exc:
                     self.router.mark_failed(replica, str(exc))
                     continue  # the request never reached it: another replica may take it
                 prefix, netloc = self._prefixes[replica.url]
@@ -212,7 +213,7 @@ class Front:
                 named = [(b"x-areal-replica", self._names[replica.url])]
                 try:
                     cut = await relay(connection, responder, data, named, self.cfg.timeout_s)
-                except ReplicaError as exc:
+                except UpstreamError as exc:
                     await self._failed_under_request(replica, exc, responder.send)
                     return
                 if cut is not None and not cut.timeout:  # bytes went out: the client sees a cut answer
@@ -221,7 +222,7 @@ class Front:
             finally:
                 replica.in_flight -= 1
 
-    async def _failed_under_request(self, replica: Replica, exc: ReplicaError, send: Any) -> None:
+    async def _failed_under_request(self, replica: Replica, exc: UpstreamError, send: Any) -> None:
         if not exc.timeout:
             self.router.mark_failed(replica, f"failed under a request ({exc})")
         message = f"proxy replica {replica.url} failed before answering ({exc}); retry the request"

@@ -1,5 +1,5 @@
-"""The front's HTTP/1.1 plumbing: client connections served and replica connections pooled as
-asyncio protocols over httptools (the parser uvicorn uses), with nothing in between.
+"""The front's HTTP/1.1 plumbing: client connections served as asyncio protocols over httptools (the
+parser uvicorn uses), with nothing in between; replica connections pooled by `proxy.engines.http1`.
 
 A relayed request costs one write to the replica and, for each piece of its answer, one write to the
 client (the status line and headers go out with the first piece), from the parsers' callbacks: no
@@ -17,16 +17,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import urlsplit
 
 import httptools
 import orjson
+
+from proxy.engines.http1 import UpstreamConnection, UpstreamError
 
 log = logging.getLogger("areal_front")
 
@@ -376,15 +376,6 @@ class RelayServer:
 # ---- the replicas' side ---------------------------------------------------------------
 
 
-class ReplicaError(Exception):
-    """A replica failed under a request: `unreachable` if the request never reached it."""
-
-    def __init__(self, message: str, unreachable: bool = False, timeout: bool = False) -> None:
-        super().__init__(message)
-        self.unreachable = unreachable
-        self.timeout = timeout
-
-
 class Exchange:
     """One request relayed: the replica's answer goes to the client as it arrives."""
 
@@ -392,7 +383,7 @@ class Exchange:
         self.responder = responder
         self.extra_headers = extra_headers
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.cut: ReplicaError | None = None  # what broke off the answer after bytes of it went out
+        self.cut: UpstreamError | None = None  # what broke off the answer after bytes of it went out
         self.head_only = responder.request.method == b"HEAD"  # an answer to HEAD has no body, whatever its length
 
     def head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
@@ -413,7 +404,7 @@ class Exchange:
         if not self.done.done():
             self.done.set_result(None)
 
-    def fail(self, error: ReplicaError) -> None:
+    def fail(self, error: UpstreamError) -> None:
         if self.done.done():
             return
         if self.responder.started:
@@ -423,171 +414,16 @@ class Exchange:
             self.done.set_exception(error)
 
 
-class ReplicaConnection(asyncio.Protocol):
-    """One connection to a replica, one request at a time, kept for the next while both keep it alive."""
-
-    def __init__(self, pool: ReplicaPool, key: str) -> None:
-        self.pool = pool
-        self.key = key
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.exchange: Exchange | None = None
-        self.reason = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.open = False
-        self.last_data = 0.0
-        self.idle_since = 0.0
-        self.timer: asyncio.TimerHandle | None = None
-        self.timeout_s = 0.0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio's classes
-        self.open = True
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.open = False
-        self._stop_timer()
-        if self.exchange is not None:
-            exchange, self.exchange = self.exchange, None
-            what = type(exc).__name__ if exc else "ServerDisconnected"
-            exchange.fail(ReplicaError(f"connection lost ({what})"))
-
-    def data_received(self, data: bytes) -> None:
-        self.last_data = time.monotonic()
-        if self.exchange is None:  # bytes nobody asked for: the connection is not reusable
-            self.close()
-            return
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._failed(ReplicaError(f"malformed answer ({exc})"))
-
-    # -- one request --------------------------------------------------------------------
-    def send(self, exchange: Exchange, data: bytes, timeout_s: float) -> None:
-        assert self.transport is not None
-        self.exchange = exchange
-        self.reason, self.headers = b"", []
-        self.last_data = time.monotonic()
-        self.timeout_s = timeout_s
-        self.timer = asyncio.get_running_loop().call_later(timeout_s, self._check_timeout)
-        self.transport.write(data)
-
-    def pause(self, paused: bool) -> None:
-        if self.transport is not None and self.open:
-            self.transport.pause_reading() if paused else self.transport.resume_reading()
-
-    def close(self) -> None:
-        self.open = False
-        self._stop_timer()
-        if self.transport is not None:
-            self.transport.close()
-
-    def _check_timeout(self) -> None:
-        self.timer = None
-        if self.exchange is None:
-            return
-        left = self.last_data + self.timeout_s - time.monotonic()
-        if left > 0:  # data came meanwhile: wait the rest of the period from the last data
-            self.timer = asyncio.get_running_loop().call_later(left, self._check_timeout)
-            return
-        self._failed(ReplicaError(f"no data for {self.timeout_s:g} s", timeout=True))
-
-    def _stop_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _failed(self, error: ReplicaError) -> None:
-        exchange, self.exchange = self.exchange, None
-        self.close()
-        if exchange is not None:
-            exchange.fail(error)
-
-    # -- parser callbacks -----------------------------------------------------------------
-    def on_status(self, reason: bytes) -> None:
-        self.reason += reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        exchange = self.exchange
-        if exchange is None:
-            return
-        exchange.head(self.parser.get_status_code(), self.reason, self.headers)
-        if exchange.head_only:  # the parser would wait for the body its length announces: not reused
-            self.exchange = None
-            self.close()
-            exchange.complete()
-
-    def on_body(self, body: bytes) -> None:
-        if self.exchange is not None:
-            self.exchange.body(body)
-
-    def on_message_complete(self) -> None:
-        exchange, self.exchange = self.exchange, None
-        self._stop_timer()
-        keep = self.parser.should_keep_alive()
-        if exchange is not None:
-            exchange.complete()
-        if keep and self.open:
-            self.pool.release(self)
-        else:
-            self.close()
-
-
-class ReplicaPool:
-    """Idle keep-alive connections to each replica; a new one opened when none is idle."""
-
-    def __init__(self, connect_timeout_s: float, keep_alive_s: float) -> None:
-        self.connect_timeout_s = connect_timeout_s
-        self.keep_alive_s = keep_alive_s
-        self.idle: dict[str, list[ReplicaConnection]] = {}
-        self._ssl: ssl.SSLContext | None = None
-
-    async def acquire(self, url: str) -> ReplicaConnection:
-        idle = self.idle.get(url)
-        now = time.monotonic()
-        while idle:
-            connection = idle.pop()
-            if connection.open and now - connection.idle_since < self.keep_alive_s:
-                return connection
-            connection.close()
-        parts = urlsplit(url)
-        secure = parts.scheme == "https"
-        if secure and self._ssl is None:
-            self._ssl = ssl.create_default_context()
-        port = parts.port or (443 if secure else 80)
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(self.connect_timeout_s):
-                _, connection = await loop.create_connection(
-                    lambda: ReplicaConnection(self, url),
-                    parts.hostname,
-                    port,
-                    ssl=self._ssl if secure else None,
-                )
-        except (OSError, TimeoutError) as exc:
-            raise ReplicaError(f"unreachable ({type(exc).__name__})", unreachable=True) from None
-        return connection
-
-    def release(self, connection: ReplicaConnection) -> None:
-        connection.idle_since = time.monotonic()
-        self.idle.setdefault(connection.key, []).append(connection)
-
-    def close(self) -> None:
-        for connections in self.idle.values():
-            for connection in connections:
-                connection.close()
-        self.idle.clear()
-
-
 async def relay(
-    connection: ReplicaConnection, responder: Responder, data: bytes, extra: list[tuple[bytes, bytes]], timeout_s: float
-) -> ReplicaError | None:
+    connection: UpstreamConnection,
+    responder: Responder,
+    data: bytes,
+    extra: list[tuple[bytes, bytes]],
+    timeout_s: float,
+) -> UpstreamError | None:
     """Send `data` (a whole request) on `connection` and relay the answer to `responder`, `extra`
     headers added. None once relayed whole; the error that cut it after bytes went out (the client's
-    connection is then dropped, so the client sees a cut answer). Raises `ReplicaError` if the replica
+    connection is then dropped, so the client sees a cut answer). Raises `UpstreamError` if the replica
     failed before any byte of the answer went out. Cancelled (the client hung up), the replica's
     connection is closed, so the replica sees the hang-up too."""
     exchange = Exchange(responder, extra)

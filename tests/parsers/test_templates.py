@@ -146,3 +146,59 @@ def test_the_default_templates_tool_section_follows_each_set_of_tools(tokenizer)
         assert rendered == text
         assert "\n".join(json.dumps(t) for t in tools) in rendered
     assert len(set(first)) == len(variants)
+
+
+CALLS = [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+    {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich"}'}},
+]
+CONVERSATIONS = [
+    [{"role": "user", "content": "What's the weather in Paris?"}],
+    [{"role": "system", "content": "Be brief. 東京 → ☂"}, {"role": "user", "content": ""}],
+    [
+        {"role": "user", "content": "Weather in Paris and Zürich?"},
+        {"role": "assistant", "content": "Checking both.", "tool_calls": CALLS, "reasoning_content": "Two calls."},
+        {"role": "tool", "content": "18 C", "tool_call_id": "call_1", "name": "get_weather"},
+        {"role": "tool", "content": "12 C", "tool_call_id": "call_2"},
+        {"role": "assistant", "content": "Paris 18 C, Zürich 12 C.", "reasoning_content": "Both answered."},
+        {"role": "user", "content": "Thanks!"},
+    ],
+]
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "default"])
+def test_the_direct_rendering_is_apply_chat_templates(tokenizer, family):
+    """The renderer renders through the compiled template (transformers' own per-call preparation
+    left out); every conversation shape must come out exactly as `apply_chat_template` renders it."""
+    if family == "default":
+        tok = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+        r = Renderer(tok, (tok.eos_token_id,))
+    else:
+        r = renderer(tokenizer, family)
+    assert r._compiled is not None  # the direct path is the one taken
+    for messages in CONVERSATIONS:
+        for tools in (None, [WEATHER]):
+            for generation_prompt in (True, False):
+                template_messages = r._template_messages(messages, tools)
+                kwargs = {"tools": tools} if tools and r.native_tools else {}
+                expected = r.tokenizer.apply_chat_template(
+                    template_messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs
+                )
+                assert r.render(messages, tools, generation_prompt) == expected, (family, messages, tools)
+
+
+def test_a_direct_rendering_that_differs_is_not_used(tokenizer, monkeypatch):
+    """Where the compiled template does not render as `apply_chat_template` (here: another template's
+    compilation), the renderer goes through `apply_chat_template`, and renders right."""
+    import proxy.render as render
+
+    other = (TEMPLATES / "llama3.jinja").read_text()
+    real = render._compiled_template
+    monkeypatch.setattr(render, "_compiled_template", lambda tok, template: real(tok, other))
+    r = renderer(tokenizer, "qwen3")
+    assert r._compiled is None
+    messages = CONVERSATIONS[2]
+    expected = r.tokenizer.apply_chat_template(
+        r._template_messages(messages, [WEATHER]), tools=[WEATHER], tokenize=False, add_generation_prompt=True
+    )
+    assert r.render(messages, [WEATHER], True) == expected

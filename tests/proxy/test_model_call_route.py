@@ -16,7 +16,7 @@ import pytest
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response
 
-from proxy.app import BodyLimit, install_error_handlers
+from proxy.app import BodyLimit, ProxyApp, install_error_handlers
 from proxy.errors import engine_unavailable
 from proxy.routes.common import JsonRoute, json_response
 from proxy.routes.deps import CallerDep, Completions, ModelCallRoute, ModelCallTable, State
@@ -50,6 +50,8 @@ def _endpoint(model: type) -> Any:
     async def endpoint(
         request: Request, body: Any, caller: CallerDep, completions: Completions, state: State
     ) -> Response:
+        if getattr(body, "model", None) == "boom":
+            raise RuntimeError("a bug in the endpoint")
         return json_response(
             {
                 "body": body.model_dump(mode="json", exclude_unset=True),
@@ -65,17 +67,18 @@ def _endpoint(model: type) -> Any:
 
 
 class CountingTable(ModelCallTable):
-    """The table, counting the calls it hands to a route (the lean routes must all pass it)."""
+    """The table, counting the routes it finds (every lean call must be found by it)."""
 
     handled = 0
 
-    async def handle(self, scope: Any, receive: Any, send: Any) -> None:
-        CountingTable.handled += 1
-        await super().handle(scope, receive, send)
+    def find(self, path: str) -> Any:
+        route, params = super().find(path)
+        CountingTable.handled += route is not None
+        return route, params
 
 
-def _app(services: Services) -> FastAPI:
-    app = FastAPI(docs_url=None, redoc_url=None)
+def _app(services: Services, lane: bool) -> FastAPI:
+    app = ProxyApp(docs_url=None, redoc_url=None)
     app.state.areal = services
     install_error_handlers(app)
     lean = []
@@ -87,16 +90,22 @@ def _app(services: Services) -> FastAPI:
             app.include_router(router)
             if kind == "lean":
                 lean.extend(router.routes)
-    app.router.routes.insert(0, CountingTable(lean))  # as `create_app` puts it
+    table = CountingTable(lean)
+    app.router.routes.insert(0, table)  # as `create_app` puts it
     app.add_middleware(BodyLimit, limit=4096)
+    if lane:
+        app.open_lane(table, 4096)
     return app
 
 
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[str, Services]]:
+@pytest.fixture(scope="module", params=["lane", "route-table"])
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, Services, bool]]:
+    """The app as `create_app` makes it (model calls in the lane past FastAPI), and with the table
+    only in FastAPI's route table (the way a call takes under a mounted root path)."""
     services = Services()
-    with serve_app(_app(services)) as url:
-        yield url, services
+    lane = request.param == "lane"
+    with serve_app(_app(services, lane)) as url:
+        yield url, services, lane
 
 
 BODIES: list[tuple[str, bytes, dict[str, str]]] = [
@@ -130,8 +139,8 @@ def _answer(response: httpx.Response) -> tuple[int, str | None, str | None, Any]
 
 @pytest.mark.parametrize("ready", [True, False], ids=["ready", "loading"])
 @pytest.mark.parametrize("api", list(MODELS))
-def test_model_call_route_answers_as_fastapi(served: tuple[str, Services], api: str, ready: bool) -> None:
-    url, services = served
+def test_model_call_route_answers_as_fastapi(served: tuple[str, Services, bool], api: str, ready: bool) -> None:
+    url, services, lane = served
     services.ready = ready
     statuses = set()
     handled = CountingTable.handled
@@ -144,9 +153,22 @@ def test_model_call_route_answers_as_fastapi(served: tuple[str, Services], api: 
                 statuses.add(expected.status_code)
     # The bodies reach every outcome: valid, refused, too large, and the 503 while loading.
     assert statuses == ({200, 400, 413} if ready else {400, 413, 503})
-    # Every lean call was found by the table, except those refused as too large before routing.
-    too_large = sum(1 for _, content, _ in BODIES if len(content) > 4096)
+    # Every lean call was found by the table; in FastAPI's route table, not those its body limit refused
+    # before routing (in the lane the limit is checked after the lookup).
+    too_large = 0 if lane else sum(1 for _, content, _ in BODIES if len(content) > 4096)
     assert CountingTable.handled - handled == 2 * (len(BODIES) - too_large)
+
+
+def test_an_unexpected_error_is_a_plain_500_both_ways(served: tuple[str, Services, bool]) -> None:
+    url, services, _ = served
+    services.ready = True
+    body = b'{"model": "boom", "messages": [{"role": "user", "content": "hi"}]}'
+    # Each on its own connection: uvicorn closes one after the app raised (Starlette re-raises after its 500).
+    expected = httpx.post(f"{url}/fastapi/v1/chat/completions", content=body, timeout=30)
+    got = httpx.post(f"{url}/lean/sessions/s-1/v1/chat/completions", content=body, timeout=30)
+    assert expected.status_code == 500 and "Traceback" not in expected.text
+    assert (got.status_code, got.json()) == (500, expected.json())
+    assert got.json()["error"]["type"] == "server_error"
 
 
 @pytest.mark.parametrize(
@@ -161,9 +183,9 @@ def test_model_call_route_answers_as_fastapi(served: tuple[str, Services], api: 
     ],
 )
 def test_what_the_table_does_not_match_is_answered_as_fastapi_answers_it(
-    served: tuple[str, Services], method: str, path: str
+    served: tuple[str, Services, bool], method: str, path: str
 ) -> None:
-    url, _ = served
+    url, _, _ = served
     body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
     with httpx.Client(timeout=30) as client:
         expected = client.request(method, f"{url}/fastapi{path}", content=body)

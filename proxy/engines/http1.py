@@ -13,8 +13,10 @@ An exchange is any object with `head_only` and the methods `head(status, reason,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -250,6 +252,83 @@ async def post(
     request = b"POST %s HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (path, headers, len(body), body)
     await exchange(connection, answer, request, timeout_s)
     return answer.status, answer.data()
+
+
+class Streamed:
+    """An exchange whose answer's body is read as it arrives: `await status()`, then `async for data
+    in chunks()`; `UpstreamError` from either when the server fails first."""
+
+    head_only = False
+
+    def __init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._status: asyncio.Future[int] = loop.create_future()
+        self._pending: list[bytes] = []
+        self._wake: asyncio.Future[None] | None = None
+        self.finished = False
+        self._error: UpstreamError | None = None
+
+    def head(self, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        if not self._status.done():
+            self._status.set_result(status)
+
+    def body(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._signal()
+
+    def complete(self) -> None:
+        self.finished = True
+        self._signal()
+
+    def fail(self, error: UpstreamError) -> None:
+        if self.finished:
+            return
+        self._error = error
+        if not self._status.done():
+            self._status.set_exception(error)
+        self._signal()
+
+    def _signal(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def status(self) -> int:
+        return await self._status
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """What arrived since the last read, joined, until the answer is complete."""
+        while True:
+            if self._pending:
+                data = b"".join(self._pending)
+                self._pending.clear()
+                yield data
+                continue
+            if self._error is not None:
+                raise self._error
+            if self.finished:
+                return
+            self._wake = asyncio.get_running_loop().create_future()
+            await self._wake
+            self._wake = None
+
+
+@contextlib.asynccontextmanager
+async def streamed_post(
+    pool: UpstreamPool, server: str, path: bytes, body: bytes, headers: bytes, timeout_s: float
+) -> AsyncIterator[Streamed]:
+    """POST as `post` does and hand over the answer as it arrives. Left before the answer is complete
+    (the reader stopped, or was cancelled), the connection is closed under the request, so the server
+    sees the hang-up and stops generating."""
+    connection = await pool.acquire(server)
+    answer = Streamed()
+    request = b"POST %s HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (path, headers, len(body), body)
+    connection.send(answer, request, timeout_s)
+    try:
+        yield answer
+    finally:
+        if connection.exchange is answer:
+            connection.exchange = None
+            connection.close()
 
 
 def host_line(server: str) -> bytes:

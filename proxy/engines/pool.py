@@ -28,7 +28,7 @@ import aiohttp
 import orjson
 
 from proxy.engines.base import EngineRequestError, EngineUnavailable, StreamDelta
-from proxy.engines.http1 import UpstreamError, UpstreamPool, host_line, post
+from proxy.engines.http1 import UpstreamError, UpstreamPool, host_line, post, streamed_post
 
 log = logging.getLogger(__name__)
 
@@ -303,8 +303,8 @@ async def post_json(client: aiohttp.ClientSession, url: str, body: Any = None, *
 
 class Poster:
     """POSTs of pre-encoded JSON to the engine servers over `proxy.engines.http1`'s pooled
-    connections, answers read whole: a generation nobody streams (most calls). Same timeouts,
-    keep-alive, bearer key and errors as `http_client`'s, at a fraction of aiohttp's CPU a call."""
+    connections: generations, answered whole or streamed. Same timeouts, keep-alive, bearer key and
+    errors as `http_client`'s, at a fraction of aiohttp's CPU a call."""
 
     def __init__(self, timeout_s: float, api_key: str = "") -> None:
         self.pool = UpstreamPool(connect_timeout_s=min(timeout_s, 10.0), keep_alive_s=ENGINE_KEEP_ALIVE_S)
@@ -314,23 +314,40 @@ class Poster:
 
     async def post_json(self, server: str, route: str, payload: bytes) -> Any:
         url = server + route
+        path, headers = self._target(server, route)
+        with upstream_errors(url):
+            status, raw = await post(self.pool, server, path, payload, headers, self.timeout_s)
+        if status >= 400:
+            raise error_from_answer(raw, status)
+        return answer_json(raw, url)
+
+    def stream(self, server: str, route: str, payload: bytes) -> Any:
+        """`async with poster.stream(...) as answer`: the answer as it arrives (`http1.Streamed`);
+        leaving early closes the connection, so the server stops generating."""
+        path, headers = self._target(server, route)
+        return streamed_post(self.pool, server, path, payload, headers, self.timeout_s)
+
+    def _target(self, server: str, route: str) -> tuple[bytes, bytes]:
+        url = server + route
         target = self._targets.get(url)
         if target is None:
             parts = urlsplit(url)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             headers = host_line(server) + b"content-type: application/json\r\n" + self.auth
             target = self._targets[url] = (path.encode(), headers)
-        try:
-            status, raw = await post(self.pool, server, target[0], payload, target[1], self.timeout_s)
-        except UpstreamError as exc:
-            what = "timed out" if exc.timeout else "unreachable"
-            raise ServerError(f"{url} {what} ({exc})") from exc
-        if status >= 400:
-            raise error_from_answer(raw, status)
-        return answer_json(raw, url)
+        return target
 
     def close(self) -> None:
         self.pool.close()
+
+
+@contextmanager
+def upstream_errors(url: str) -> Iterator[None]:
+    """Turn `http1` failures towards `url` into `ServerError`, as `http_errors` does aiohttp's."""
+    try:
+        yield
+    except UpstreamError as exc:
+        raise ServerError(f"{url} {'timed out' if exc.timeout else 'unreachable'} ({exc})") from exc
 
 
 async def post_ok(client: aiohttp.ClientSession, url: str, body: Any = None) -> str:

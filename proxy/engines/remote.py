@@ -33,17 +33,16 @@ from proxy.engines.base import (
 )
 from proxy.engines.config import EngineConfig
 from proxy.engines.pool import (
-    JSON_HEADERS,
     Poster,
     Server,
     ServerError,
     ServerPool,
     WeightVersions,
     decode_event,
+    error_from_answer,
     http_client,
-    http_errors,
-    raise_for_status,
     sse_events,
+    upstream_errors,
 )
 
 log = logging.getLogger(__name__)
@@ -119,6 +118,12 @@ class RemoteEngine(ABC):
         if self._info is None:
             raise EngineUnavailable(f"the {self.label} engine is not started")
         return self._info
+
+    @property
+    def _posts(self) -> Poster:
+        if self._poster is None:
+            raise EngineUnavailable(f"the {self.label} engine is not started")
+        return self._poster
 
     @property
     def _http(self) -> aiohttp.ClientSession:
@@ -205,9 +210,7 @@ class RemoteEngine(ABC):
             input_ids, params, request_id, stream=streamed, adapter=adapter[0] if adapter else None
         )
         payload = orjson.dumps(body)
-        client = self._http
-        poster = self._poster
-        assert poster is not None  # started with the client
+        poster = self._posts
 
         async def open_stream(server: Server) -> AsyncIterator[StreamDelta]:
             url = server.url + self.generate_route
@@ -215,11 +218,13 @@ class RemoteEngine(ABC):
             if not streamed:  # one JSON answer: cheaper than SSE when nobody watches tokens arrive
                 yield one_answer(decoder, await poster.post_json(server.url, self.generate_route, payload), url)
                 return
-            with http_errors(url):
-                async with client.post(url, data=payload, headers=JSON_HEADERS) as response:
-                    await raise_for_status(response)
+            with upstream_errors(url):
+                async with poster.stream(server.url, self.generate_route, payload) as answer:
+                    status = await answer.status()
+                    if status >= 400:
+                        raise error_from_answer(b"".join([data async for data in answer.chunks()]), status)
                     done = False
-                    async for events in sse_events(response.content.iter_any()):
+                    async for events in sse_events(answer.chunks()):
                         deltas = []
                         for data in events:
                             if done:

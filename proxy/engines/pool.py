@@ -219,7 +219,6 @@ class ServerPool:
 
 
 ENGINE_KEEP_ALIVE_S = 3.0  # idle connections to engine servers; below their servers' 5 s
-JSON_HEADERS = {"content-type": "application/json"}  # for bodies posted pre-encoded (`data=orjson.dumps(...)`)
 
 
 def http_client(timeout_s: float, api_key: str = "") -> aiohttp.ClientSession:

@@ -103,7 +103,7 @@ class RemoteEngine(ABC):
         self.model_id: str | None = None  # the served model id requests name (`ServedModel.served_id`)
         self._versions = WeightVersions()
         self._client: aiohttp.ClientSession | None = None
-        self._poster: Poster | None = None  # generations answered whole
+        self._poster: Poster | None = None  # generations, over proxy.engines.http1
         self._info: ModelInfo | None = None
         self._update_lock = asyncio.Lock()
         self.merges_adapters = False  # every server merges adapters sent as weight updates
@@ -279,7 +279,9 @@ class RemoteEngine(ABC):
         return {"backend": self.backend, "version": self.version, "servers": self.pool.stats()}
 
     async def stop(self) -> None:
-        """Close the connections; the servers abort the requests whose streams were closed."""
+        """Close the idle connections and the client. A generation still in flight closes its own
+        connection when its request is cancelled (uvicorn cancels them on shutdown), and its server
+        aborts it."""
         if self._poster is not None:
             self._poster.close()
             self._poster = None

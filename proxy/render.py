@@ -108,8 +108,8 @@ class Renderer:
         self._eos_ids = set(eos_token_ids)
         self.encoder = PromptEncoder(tokenizer)
         self._sections: dict[bytes, str] = {}
-        self._compiled, self._variables = _compiled_template(tokenizer, template)
-        self._compiled = self._compiled if self._renders_as_transformers() else None
+        compiled, self._variables = _compiled_template(tokenizer, template)
+        self._compiled = compiled if compiled is not None and self._renders_as_transformers(compiled) else None
 
     # -- rendering ------------------------------------------------------------------
     def _template_messages(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict]:
@@ -176,43 +176,48 @@ class Renderer:
         rendering, ~6% of the proxy's CPU a call."""
         tools = tools if tools and self.native_tools else None
         if self._compiled is not None:
-            return self._compiled.render(
-                messages=[_with_reasoning_aliases(m) for m in messages],
-                tools=tools,
-                documents=None,
-                add_generation_prompt=generation_prompt,
-                **self._variables,
-            )
+            return self._render_compiled(self._compiled, messages, tools, generation_prompt)
+        return self._render_transformers(messages, tools, generation_prompt)
+
+    def _render_compiled(
+        self, compiled: Any, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool
+    ) -> str:
+        return compiled.render(
+            messages=[_with_reasoning_aliases(m) for m in messages],
+            tools=tools,
+            documents=None,
+            add_generation_prompt=generation_prompt,
+            **self._variables,
+        )
+
+    def _render_transformers(
+        self, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool
+    ) -> str:
         kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": generation_prompt}
         if tools:
             kwargs["tools"] = tools
         return self.tokenizer.apply_chat_template(messages, **kwargs)
 
-    def _renders_as_transformers(self) -> bool:
-        """Whether the compiled template renders sample conversations of every shape (a system
-        prompt, tools, tool calls and results, reasoning, with and without the generation prompt)
-        exactly as `apply_chat_template` does; if not (a transformers that prepares its inputs
-        otherwise), every call goes through `apply_chat_template`."""
-        if self._compiled is None:
-            return False
-        compiled, self._compiled = self._compiled, None
+    def _renders_as_transformers(self, compiled: Any) -> bool:
+        """Whether `compiled` renders sample conversations of every shape (a system prompt, tools, tool
+        calls and results, reasoning, with and without the generation prompt) exactly as
+        `apply_chat_template` does; if not (a transformers that prepares its inputs otherwise), every
+        call goes through `apply_chat_template`."""
         for messages, tools in _SAMPLES:
             template_messages = self._template_messages(messages, tools)
+            tools = tools if tools and self.native_tools else None
             for generation_prompt in (True, False):
                 try:
-                    expected: Any = self._render(template_messages, tools, generation_prompt)
+                    expected: Any = self._render_transformers(template_messages, tools, generation_prompt)
                 except Exception as exc:  # a template that refuses this shape must refuse it both ways
                     expected = type(exc)
-                self._compiled = compiled
                 try:
-                    got: Any = self._render(template_messages, tools, generation_prompt)
+                    got: Any = self._render_compiled(compiled, template_messages, tools, generation_prompt)
                 except Exception as exc:
                     got = type(exc)
-                self._compiled = None
                 if got != expected:
                     log.warning("the chat template is rendered through transformers: its direct rendering differs")
                     return False
-        self._compiled = compiled
         return True
 
     def encode(self, text: str) -> list[int]:

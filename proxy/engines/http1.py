@@ -100,6 +100,13 @@ class UpstreamConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def abandon(self, exchange: Any) -> None:
+        """Give up `exchange` if it is still this connection's request (its reader left, or was
+        cancelled): the connection is closed under it, so the server sees the hang-up."""
+        if self.exchange is exchange:
+            self.exchange = None
+            self.close()
+
     def _check_timeout(self) -> None:
         self.timer = None
         if self.exchange is None:
@@ -235,9 +242,7 @@ async def exchange(connection: UpstreamConnection, exchange: Any, data: bytes, t
     try:
         await exchange.done
     except BaseException:
-        if connection.exchange is exchange:
-            connection.exchange = None
-            connection.close()
+        connection.abandon(exchange)
         raise
 
 
@@ -249,9 +254,12 @@ async def post(
     when the server cannot be reached, hangs up or sends nothing for `timeout_s`."""
     connection = await pool.acquire(server)
     answer = Answer()
-    request = b"POST %s HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (path, headers, len(body), body)
-    await exchange(connection, answer, request, timeout_s)
+    await exchange(connection, answer, _post_request(path, headers, body), timeout_s)
     return answer.status, answer.data()
+
+
+def _post_request(path: bytes, headers: bytes, body: bytes) -> bytes:
+    return b"POST %s HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (path, headers, len(body), body)
 
 
 class Streamed:
@@ -321,14 +329,11 @@ async def streamed_post(
     sees the hang-up and stops generating."""
     connection = await pool.acquire(server)
     answer = Streamed()
-    request = b"POST %s HTTP/1.1\r\n%scontent-length: %d\r\n\r\n%s" % (path, headers, len(body), body)
-    connection.send(answer, request, timeout_s)
+    connection.send(answer, _post_request(path, headers, body), timeout_s)
     try:
         yield answer
     finally:
-        if connection.exchange is answer:
-            connection.exchange = None
-            connection.close()
+        connection.abandon(answer)
 
 
 def host_line(server: str) -> bytes:

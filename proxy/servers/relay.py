@@ -435,9 +435,7 @@ async def relay(
     except BaseException as exc:
         if isinstance(exc, asyncio.CancelledError):
             log.info("client disconnected; its request to the replica was closed")
-        if connection.exchange is exchange:
-            connection.exchange = None
-            connection.close()
+        connection.abandon(exchange)
         raise
     finally:
         client.on_pause = None

@@ -42,6 +42,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.engine import Engine as SAEngine
 
 from proxy.store.config import StoreConfig
+from proxy.store.driver import deferring, flush_before_statement
 from proxy.store.migrations import migrate
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ def create_db_engine(cfg: StoreConfig) -> SAEngine:
         connect_args=_postgres_settings(cfg, url),
     )
     answer_s = cfg.statement_timeout_s + cfg.connect_timeout_s if cfg.statement_timeout_s else None
+    event.listen(engine, "before_cursor_execute", flush_before_statement)
 
     @event.listens_for(engine, "do_connect")
     def _connect(_dialect, _record, cargs, cparams) -> _BoundedConnection:  # noqa: ANN001
@@ -304,6 +306,7 @@ class Database:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self._checkpointer: Checkpointer | None = None
+        self._held: Connection | None = None  # the writer's connection, kept while groups follow each other
         self.commits = 0
         self.committed_ops = 0
         # How long a write whose COMMIT was cut off waits for the database to say whether it landed.
@@ -357,17 +360,30 @@ class Database:
 
     @contextlib.contextmanager
     def _write_connection(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn:
+        """A connection to write on. The writer thread keeps the one its last group committed on while
+        more groups are waiting (`_write_loop` hands it back once the queue is empty): checking it out
+        of the pool again would ping the server first, a round trip a group on PostgreSQL."""
+        writer = threading.current_thread() is self._writer
+        conn, self._held = (self._held, None) if writer and self._held is not None else (self.engine.connect(), None)
+        done = False
+        try:
             conn.info["write"] = True
             if self._checkpointer is not None and not conn.info.get("checkpoints_off"):
                 # The setting is the connection's: its commits no longer checkpoint, the checkpointer does.
                 conn.connection.driver_connection.execute("PRAGMA wal_autocheckpoint=0")
                 conn.info["checkpoints_off"] = True
-            try:
-                yield conn
-            finally:
-                if not conn.invalidated:  # else `info` went with the dead connection; reaching it reconnects
-                    conn.info.pop("write", None)
+            yield conn
+            done = True
+        finally:
+            if done and writer and not conn.invalidated:
+                self._held = conn
+            else:
+                _release(conn)
+
+    def _release_held(self) -> None:
+        if self._held is not None:
+            conn, self._held = self._held, None
+            _release(conn)
 
     # -- writes -----------------------------------------------------------------------
     def start_writer(self) -> None:
@@ -410,6 +426,7 @@ class Database:
         while True:
             item = self._queue.get()
             if item is None:
+                self._release_held()
                 return
             batch = [item]
             while len(batch) < self.cfg.commit_batch:
@@ -419,9 +436,12 @@ class Database:
                     break
                 if nxt is None:
                     self._commit(batch)
+                    self._release_held()
                     return
                 batch.append(nxt)
             self._commit(batch)
+            if self._queue.empty():  # idle: the connection goes back, to be pinged when next taken
+                self._release_held()
 
     def _commit(self, batch: list[tuple[WriteOp, Recorded | None, asyncio.AbstractEventLoop, asyncio.Future]]) -> None:
         items = [(op, recorded) for op, recorded, _, _ in batch]
@@ -442,15 +462,23 @@ class Database:
 
     def _transaction(self, ops: list[WriteOp]) -> list[Any]:
         """Run `ops` in one write transaction. A failing database raises `StoreUnavailable`, or
-        `_CommitLost` when it failed during COMMIT; a transient conflict is raised as it is."""
+        `_CommitLost` when it failed during COMMIT; a transient conflict is raised as it is.
+
+        The writer's kept connection is not pinged (see `_write_connection`): if it turns out to have
+        been closed meanwhile (the server restarted, or an administrator ended it) before anything was
+        committed, `ops` run once more on a new connection, which the pool pings first."""
+        kept = self._held is not None and threading.current_thread() is self._writer
         committing = False
         try:
             with self._write_connection() as conn, conn.begin():
-                results = [op(conn) for op in ops]
+                with deferring(conn, enabled=len(ops) > 1):  # alone, an operation runs as written
+                    results = [op(conn) for op in ops]
                 committing = True  # whatever fails from here on, the COMMIT may have landed
             if self._checkpointer is not None:
                 self._checkpointer.committed()
         except (sa_exc.DBAPIError, sa_exc.TimeoutError) as exc:
+            if kept and not committing and getattr(exc, "connection_invalidated", False):
+                return self._transaction(ops)  # the kept connection was released: this one is new
             if not _is_unavailable(exc) or _is_transient(exc):
                 raise
             _log_unavailable(exc)
@@ -505,6 +533,13 @@ class Database:
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None
+
+
+def _release(conn: Connection) -> None:
+    """Give a write connection back to the pool."""
+    if not conn.invalidated:  # else `info` went with the dead connection; reaching it reconnects
+        conn.info.pop("write", None)
+    conn.close()
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

@@ -52,6 +52,10 @@ Recorded = Callable[[Connection], bool]
 Outcome = tuple[Any, BaseException | None]
 
 
+KEEP_CONNECTION_S = 1.0
+"""How long the writer keeps its connection idle before handing it back to the pool (and its ping)."""
+
+
 class StoreLocked(RuntimeError):
     """Another proxy process already owns this SQLite database."""
 
@@ -360,9 +364,10 @@ class Database:
 
     @contextlib.contextmanager
     def _write_connection(self) -> Iterator[Connection]:
-        """A connection to write on. The writer thread keeps the one its last group committed on while
-        more groups are waiting (`_write_loop` hands it back once the queue is empty): checking it out
-        of the pool again would ping the server first, a round trip a group on PostgreSQL."""
+        """A connection to write on. The writer thread keeps the one its last group committed on until
+        it has been idle `KEEP_CONNECTION_S` (`_write_loop`): checking it out of the pool again would ping
+        the server first, a round trip a group on PostgreSQL. A kept connection found closed is
+        replaced (`_transaction`)."""
         writer = threading.current_thread() is self._writer
         conn, self._held = (self._held, None) if writer and self._held is not None else (self.engine.connect(), None)
         done = False
@@ -424,7 +429,11 @@ class Database:
 
     def _write_loop(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=KEEP_CONNECTION_S) if self._held is not None else self._queue.get()
+            except queue.Empty:  # idle: the connection goes back, to be pinged when next taken
+                self._release_held()
+                continue
             if item is None:
                 self._release_held()
                 return
@@ -440,8 +449,6 @@ class Database:
                     return
                 batch.append(nxt)
             self._commit(batch)
-            if self._queue.empty():  # idle: the connection goes back, to be pinged when next taken
-                self._release_held()
 
     def _commit(self, batch: list[tuple[WriteOp, Recorded | None, asyncio.AbstractEventLoop, asyncio.Future]]) -> None:
         items = [(op, recorded) for op, recorded, _, _ in batch]

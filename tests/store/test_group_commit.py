@@ -25,6 +25,7 @@ from sqlalchemy import Connection, event, func, select
 from sqlalchemy import exc as sa_exc
 
 from proxy.errors import APIError, conflict
+from proxy.store import db as store_db
 from proxy.store.db import Database
 from proxy.store.driver import pending
 from proxy.store.schema import completions
@@ -177,11 +178,27 @@ def test_a_failing_statement_fails_only_its_call(db: Database) -> None:
 
 
 @pytest.mark.parametrize("db", ["postgres"], indirect=True)
-def test_the_writer_gives_its_connection_back_when_idle(db: Database) -> None:
-    as_one_group(db, [new_conversation(f"auto-{i}", f"cmpl-{i}") for i in range(5)])
-    deadline = time.monotonic() + 5
+def test_the_writer_keeps_its_connection_while_busy_and_gives_it_back_when_idle(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_db, "KEEP_CONNECTION_S", 3.0)
+    checkouts = 0
+
+    def checkout(*_: Any) -> None:
+        nonlocal checkouts
+        checkouts += 1
+
+    event.listen(db.engine.pool, "checkout", checkout)
+    try:
+        for n in range(3):  # groups one after the other: the connection taken (and pinged) once
+            as_one_group(db, [new_conversation(f"auto-{n}-{i}", f"cmpl-{n}-{i}") for i in range(3)])
+    finally:
+        event.remove(db.engine.pool, "checkout", checkout)
+    assert checkouts == 1
+    assert db.engine.pool.checkedout() == 1
+    deadline = time.monotonic() + 10
     while db.engine.pool.checkedout() and time.monotonic() < deadline:
-        time.sleep(0.01)
+        time.sleep(0.05)
     assert db.engine.pool.checkedout() == 0
 
 

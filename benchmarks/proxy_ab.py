@@ -4,7 +4,8 @@ On a shared machine one proxy's requests/s moves by a third from run to run, mor
 move it; alternating the versions in rounds, in front of the same instant engine, and comparing
 medians separates the change from the machine. Each round starts each version fresh (`areal-proxy
 serve` on SQLite, pinned to core 0, its source tree first on PYTHONPATH) and measures sequential
-latency and requests/s and CPU per request at 32 in flight, as `proxy_overhead.py` does; `--agent`
+latency and requests/s and CPU per request at 32 in flight, as `proxy_overhead.py` does (with
+`--postgres`, also the CPU the machine's PostgreSQL server used a request meanwhile); `--agent`
 sends an agent's request (a system prompt and six tools, ~1,000 prompt tokens) instead of one line;
 `--stream` asks for streamed answers (the engine sends an event a token, as SGLang does); `--api
 responses` or `--api messages` sends the same request to the Responses or Anthropic Messages route; `--front`
@@ -25,6 +26,8 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -65,7 +68,9 @@ def one_round(name: str, source: Path, engine_url: str, db_url: str, args: argpa
             cpu = tree_cpu(front.pid)
             direct = asyncio.run(sequential(target.url, target.model, args.sequential, ask))
         seq = asyncio.run(sequential(url, target.model, args.sequential, ask))
+        server_before = database_server_cpu()
         con = asyncio.run(concurrent(url, target.model, args.requests, 32, cpu, ask))
+        server_s = database_server_cpu() - server_before
     finally:
         if front is not None:
             stop_process(front, 30)
@@ -76,7 +81,19 @@ def one_round(name: str, source: Path, engine_url: str, db_url: str, args: argpa
         # with --front: what the front adds to the replica's sequential p50, measured in the same round
         "seq_p50_ms": pct(seq, 0.5) - (pct(direct, 0.5) if direct else 0.0),
         "p99_over_p50": pct(con["times"], 0.99) / pct(con["times"], 0.5),
+        "db_cpu_ms": server_s / args.requests * 1e3 if args.postgres else None,
     }
+
+
+def database_server_cpu() -> float:
+    """Seconds of CPU used so far by this machine's PostgreSQL server processes (0 if none are visible)."""
+    seconds = 0.0
+    for proc in psutil.process_iter(["name"]):
+        if (proc.info["name"] or "").startswith("postgres"):
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                seconds += t.user + t.system
+    return seconds
 
 
 def main() -> None:
@@ -105,19 +122,22 @@ def main() -> None:
                     db = stack.enter_context(fresh_pg_database()) if args.postgres else f"sqlite:///{tmp}/{name}-{r}.db"
                     row = one_round(name, source, engine_url, db, args, tmp)
                 results[name].append(row)
+                server = f", PostgreSQL server {row['db_cpu_ms']:.3f} ms CPU a request" if args.postgres else ""
                 print(
-                    f"round {r} {name}: {row['rps']:.0f} req/s, {row['cpu_ms']:.3f} ms CPU a request, "
+                    f"round {r} {name}: {row['rps']:.0f} req/s, {row['cpu_ms']:.3f} ms CPU a request{server}, "
                     f"sequential p50 {row['seq_p50_ms']:.2f} ms, p99/p50 at 32 {row['p99_over_p50']:.2f}",
                     flush=True,
                 )
-    print("| version | req/s at 32 (median) | CPU per request | sequential p50 | rounds |")
-    print("|---|---:|---:|---:|---|")
+    server_head = " PostgreSQL server CPU |" if args.postgres else ""
+    print(f"| version | req/s at 32 (median) | CPU per request |{server_head} sequential p50 | rounds |")
+    print("|---|---:|---:|" + ("---:|" if args.postgres else "") + "---:|---|")
     for name, rows in results.items():
         rps = statistics.median(r["rps"] for r in rows)
         cpu = statistics.median(r["cpu_ms"] for r in rows)
+        server = f" {statistics.median(r['db_cpu_ms'] for r in rows):.2f} ms |" if args.postgres else ""
         seq = statistics.median(r["seq_p50_ms"] for r in rows)
         each = ", ".join(f"{r['rps']:.0f}" for r in rows)
-        print(f"| {name} | {rps:,.0f} | {cpu:.2f} ms | {seq:.2f} ms | {each} |")
+        print(f"| {name} | {rps:,.0f} | {cpu:.2f} ms |{server} {seq:.2f} ms | {each} |")
 
 
 if __name__ == "__main__":

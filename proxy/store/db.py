@@ -428,6 +428,12 @@ class Database:
         return await future
 
     def _write_loop(self) -> None:
+        try:
+            self._write_until_stopped()
+        finally:
+            self._release_held()
+
+    def _write_until_stopped(self) -> None:
         while True:
             try:
                 item = self._queue.get(timeout=KEEP_CONNECTION_S) if self._held is not None else self._queue.get()
@@ -435,7 +441,6 @@ class Database:
                 self._release_held()
                 continue
             if item is None:
-                self._release_held()
                 return
             batch = [item]
             while len(batch) < self.cfg.commit_batch:
@@ -445,7 +450,6 @@ class Database:
                     break
                 if nxt is None:
                     self._commit(batch)
-                    self._release_held()
                     return
                 batch.append(nxt)
             self._commit(batch)

@@ -30,35 +30,9 @@ from proxy.store.db import Database
 from proxy.store.driver import pending
 from proxy.store.schema import completions
 from proxy.store.sessions import auto_session_row, close_session, get_session, insert_sessions
-from proxy.store.tokens import pack_floats, pack_ints
 from proxy.store.turns import record_turn
 from tests.conftest import PG_ADMIN_URL
-
-
-def rows(session_id: str, completion_id: str, n: int = 1) -> list[dict]:
-    return [
-        {
-            "id": f"{completion_id}-{i}" if i else completion_id,
-            "session_id": session_id,
-            "parent_id": None,
-            "response_id": completion_id,
-            "choice_index": i,
-            "api": "chat",
-            "depth": 0,
-            "chain_hash": f"h-{completion_id}-{i}",
-            "request": {"messages": [{"role": "user", "content": "hi"}]},
-            "response": {"role": "assistant", "content": "hello"},
-            "prompt_ids": pack_ints([1, 2, 3]),
-            "prompt_len": 3,
-            "output_ids": pack_ints([4, 5 + i]),
-            "output_logprobs": pack_floats([-0.5, -0.25]),
-            "output_versions": pack_ints([1, 1]),
-            "finish_reason": "stop",
-            "temperature": 1.0,
-            "created_at": time.time(),
-        }
-        for i in range(n)
-    ]
+from tests.store.test_record_turn import rows
 
 
 def new_conversation(session_id: str, completion_id: str, n: int = 1) -> Callable[[Connection], bool]:

@@ -25,6 +25,8 @@ import contextlib
 import statistics
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -69,7 +71,8 @@ def one_round(name: str, source: Path, engine_url: str, db_url: str, args: argpa
             direct = asyncio.run(sequential(target.url, target.model, args.sequential, ask))
         seq = asyncio.run(sequential(url, target.model, args.sequential, ask))
         server_before = database_server_cpu()
-        con = asyncio.run(concurrent(url, target.model, args.requests, 32, cpu, ask))
+        with wal_sampler(db_url) as wal:
+            con = asyncio.run(concurrent(url, target.model, args.requests, 32, cpu, ask))
         server_s = database_server_cpu() - server_before
     finally:
         if front is not None:
@@ -82,7 +85,30 @@ def one_round(name: str, source: Path, engine_url: str, db_url: str, args: argpa
         "seq_p50_ms": pct(seq, 0.5) - (pct(direct, 0.5) if direct else 0.0),
         "p99_over_p50": pct(con["times"], 0.99) / pct(con["times"], 0.5),
         "db_cpu_ms": server_s / args.requests * 1e3 if args.postgres else None,
+        "wal_mb": max(wal, default=0.0) / 2**20,  # SQLite: the largest its write-ahead log file grew
     }
+
+
+@contextlib.contextmanager
+def wal_sampler(db_url: str, every_s: float = 0.1) -> Iterator[list[int]]:
+    """The sizes of a SQLite database's write-ahead log file, sampled from a thread while the block runs
+    (nothing for PostgreSQL): the log SQLite could not start over grows with every commit."""
+    sizes: list[int] = []
+    path = Path(db_url.removeprefix("sqlite:///") + "-wal") if db_url.startswith("sqlite:///") else None
+    done = threading.Event()
+
+    def sample() -> None:
+        while path is not None and not done.wait(every_s):
+            with contextlib.suppress(OSError):
+                sizes.append(path.stat().st_size)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield sizes
+    finally:
+        done.set()
+        thread.join()
 
 
 def database_server_cpu() -> float:
@@ -122,22 +148,30 @@ def main() -> None:
                     db = stack.enter_context(fresh_pg_database()) if args.postgres else f"sqlite:///{tmp}/{name}-{r}.db"
                     row = one_round(name, source, engine_url, db, args, tmp)
                 results[name].append(row)
-                server = f", PostgreSQL server {row['db_cpu_ms']:.3f} ms CPU a request" if args.postgres else ""
+                server = (
+                    f", PostgreSQL server {row['db_cpu_ms']:.3f} ms CPU a request"
+                    if args.postgres
+                    else f", SQLite log at most {row['wal_mb']:.0f} MB"
+                )
                 print(
                     f"round {r} {name}: {row['rps']:.0f} req/s, {row['cpu_ms']:.3f} ms CPU a request{server}, "
                     f"sequential p50 {row['seq_p50_ms']:.2f} ms, p99/p50 at 32 {row['p99_over_p50']:.2f}",
                     flush=True,
                 )
-    server_head = " PostgreSQL server CPU |" if args.postgres else ""
-    print(f"| version | req/s at 32 (median) | CPU per request |{server_head} sequential p50 | rounds |")
-    print("|---|---:|---:|" + ("---:|" if args.postgres else "") + "---:|---|")
+    server_head = " PostgreSQL server CPU |" if args.postgres else " SQLite log, largest |"
+    print(f"| version | req/s at 32 (median) | CPU per request |{server_head} sequential p50 | p99/p50 | rounds |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for name, rows in results.items():
         rps = statistics.median(r["rps"] for r in rows)
         cpu = statistics.median(r["cpu_ms"] for r in rows)
-        server = f" {statistics.median(r['db_cpu_ms'] for r in rows):.2f} ms |" if args.postgres else ""
+        if args.postgres:
+            server = f" {statistics.median(r['db_cpu_ms'] for r in rows):.2f} ms |"
+        else:
+            server = f" {max(r['wal_mb'] for r in rows):.0f} MB |"
         seq = statistics.median(r["seq_p50_ms"] for r in rows)
+        tail = statistics.median(r["p99_over_p50"] for r in rows)
         each = ", ".join(f"{r['rps']:.0f}" for r in rows)
-        print(f"| {name} | {rps:,.0f} | {cpu:.2f} ms |{server} {seq:.2f} ms | {each} |")
+        print(f"| {name} | {rps:,.0f} | {cpu:.2f} ms |{server} {seq:.2f} ms | {tail:.2f} | {each} |")
 
 
 if __name__ == "__main__":

@@ -54,6 +54,10 @@ Outcome = tuple[Any, BaseException | None]
 
 KEEP_CONNECTION_S = 1.0
 """How long the writer keeps its connection idle before handing it back to the pool (and its ping)."""
+BUSY_TIMEOUT_MS = 30_000
+"""How long a SQLite statement waits for a lock another connection holds."""
+RESTART_WAIT_MS = 50
+"""How long the writer waits for the reads in progress when it starts SQLite's log over (`Checkpointer`)."""
 
 
 class StoreLocked(RuntimeError):
@@ -94,7 +98,7 @@ def create_db_engine(cfg: StoreConfig) -> SAEngine:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute(f"PRAGMA synchronous={cfg.sqlite_synchronous.upper()}")
             cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -255,12 +259,27 @@ class Checkpointer:
     `every_s` seconds in which something was committed, this thread runs a PASSIVE checkpoint on its own
     connection, which takes no lock a writer waits for: it copies what no reader still needs, and SQLite
     starts the log over once all of it was copied. A proxy that stops leaves the rest to SQLite (the
-    last connection to close checkpoints)."""
+    last connection to close checkpoints).
 
-    def __init__(self, path: Path, every_s: float) -> None:
+    Under steady load "all of it" never happens: a reader still on an older snapshot holds back the copy,
+    the writer appends meanwhile, and SQLite starts the log over only when a write begins with all of it
+    copied and no reader on it. The log then grows without end (100 MB in a few thousand calls), and
+    with it the disk, the shared-memory index each read searches, and recovery after a crash. So when a
+    checkpoint finds the log past `log_max_bytes`, it asks the writer (`restart_due`), which calls
+    `restart_log` between two group commits: no write is in progress, so it waits only for the reads
+    (`RESTART_WAIT_MS` at most), copies what this thread left, and starts the log over; the writer's
+    `journal_size_limit` cuts the file back. A read that holds its snapshot longer (an export in another
+    process) makes it give up and try again later, at longer and longer intervals."""
+
+    def __init__(self, path: Path, every_s: float, log_max_bytes: int) -> None:
         self.path = path
         self.every_s = every_s
+        self.log_max_bytes = log_max_bytes
         self.checkpoints = 0
+        self.restarts = 0
+        self.restart_due = False  # set by this thread, done by the writer's (`restart_log`)
+        self._failed_restarts = 0
+        self._next_restart = 0.0  # monotonic time before which no restart is asked for again
         self._dirty = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -282,18 +301,57 @@ class Checkpointer:
 
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         try:
+            page_bytes = conn.execute("PRAGMA page_size").fetchone()[0]
             while not self._stop.wait(self.every_s):
                 if not self._dirty:
                     continue
                 self._dirty = False
                 try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    _, log_pages, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                     self.checkpoints += 1
                 except sqlite3.Error as exc:  # the next round tries again
                     self._dirty = True
                     log.warning("background checkpoint of %s failed: %s", self.path, exc)
+                    continue
+                if log_pages * page_bytes > self.log_max_bytes and time.monotonic() >= self._next_restart:
+                    self.restart_due = True
         finally:
             conn.close()
+
+    def restart_log(self, conn: Any) -> None:
+        """Copy the rest of the log and start it over (a RESTART checkpoint), on the writer's thread between
+        two group commits, with its SQLite connection `conn`: nothing waits on a lock but the reads in
+        progress, for `RESTART_WAIT_MS` at most."""
+        import sqlite3
+
+        self.restart_due = False
+        started = time.perf_counter()
+        try:
+            conn.execute(f"PRAGMA busy_timeout={RESTART_WAIT_MS}")
+            busy, log_pages, copied = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        except sqlite3.Error as exc:
+            busy, log_pages, copied = 1, -1, -1
+            log.warning("starting the log of %s over failed: %s", self.path, exc)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        took_ms = (time.perf_counter() - started) * 1e3
+        if not busy:
+            self.restarts += 1
+            self._failed_restarts = 0
+            log.debug("started the log of %s over (%d pages) in %.1f ms", self.path, log_pages, took_ms)
+            return
+        self._failed_restarts += 1
+        wait_s = min(60.0, self.every_s * 2**self._failed_restarts)
+        self._next_restart = time.monotonic() + wait_s
+        log.info(
+            "the log of %s (%d pages, %d copied) could not be started over: a read held it past %d ms; "
+            "trying again in %.1f s",
+            self.path,
+            log_pages,
+            copied,
+            RESTART_WAIT_MS,
+            wait_s,
+        )
 
 
 class Database:
@@ -374,8 +432,11 @@ class Database:
         try:
             conn.info["write"] = True
             if self._checkpointer is not None and not conn.info.get("checkpoints_off"):
-                # The setting is the connection's: its commits no longer checkpoint, the checkpointer does.
-                conn.connection.driver_connection.execute("PRAGMA wal_autocheckpoint=0")
+                # The settings are the connection's: its commits no longer checkpoint, the checkpointer does;
+                # a log it started over is cut back to the most it may hold.
+                raw = conn.connection.driver_connection
+                raw.execute("PRAGMA wal_autocheckpoint=0")
+                raw.execute(f"PRAGMA journal_size_limit={self._checkpointer.log_max_bytes}")
                 conn.info["checkpoints_off"] = True
             yield conn
             done = True
@@ -395,7 +456,9 @@ class Database:
         if self._writer is None:
             database = self.engine.url.database
             if self.sqlite and self.cfg.sqlite_checkpoint == "background" and database and database != ":memory:":
-                self._checkpointer = Checkpointer(Path(database).expanduser(), self.cfg.sqlite_checkpoint_s)
+                self._checkpointer = Checkpointer(
+                    Path(database).expanduser(), self.cfg.sqlite_checkpoint_s, int(self.cfg.sqlite_log_max_mb * 2**20)
+                )
                 self._checkpointer.start()
             self._writer = threading.Thread(target=self._write_loop, name="store-writer", daemon=True)
             self._writer.start()
@@ -453,6 +516,8 @@ class Database:
                     return
                 batch.append(nxt)
             self._commit(batch)
+            if self._checkpointer is not None and self._checkpointer.restart_due and self._held is not None:
+                self._checkpointer.restart_log(self._held.connection.driver_connection)
 
     def _commit(self, batch: list[tuple[WriteOp, Recorded | None, asyncio.AbstractEventLoop, asyncio.Future]]) -> None:
         items = [(op, recorded) for op, recorded, _, _ in batch]

@@ -328,12 +328,13 @@ class Checkpointer:
         started = time.perf_counter()
         try:
             conn.execute(f"PRAGMA busy_timeout={RESTART_WAIT_MS}")
-            busy, log_pages, copied = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-        except sqlite3.Error as exc:
+            try:
+                busy, log_pages, copied = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        except sqlite3.Error as exc:  # the writer goes on: its next statement meets a broken connection
             busy, log_pages, copied = 1, -1, -1
             log.warning("starting the log of %s over failed: %s", self.path, exc)
-        finally:
-            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         took_ms = (time.perf_counter() - started) * 1e3
         if not busy:
             self.restarts += 1

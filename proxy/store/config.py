@@ -37,7 +37,7 @@ class StoreConfig(Section):
     every completion waiting on that commit waits for the copy and its fsync too."""
     sqlite_checkpoint_s: float = Field(default=1.0, gt=0)
     """Seconds between background checkpoints (while something is committed)."""
-    sqlite_log_max_mb: float = Field(default=64.0, gt=0)
+    sqlite_log_max_mb: float = Field(default=256.0, gt=0)
     """Largest the write-ahead log grows under steady load (background checkpoints). A PASSIVE checkpoint
     copies the log but cannot start it over while readers and the writer keep using it, which under
     steady load they always do: past this size, the writer, between two group commits, waits a few ms for

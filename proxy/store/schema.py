@@ -16,7 +16,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, false
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    false,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -24,15 +37,21 @@ class Base(DeclarativeBase):
     pass
 
 
+def _where_set(table: str, column: str) -> Index:
+    """An index of `column` over the rows where it is set: every lookup by value implies it is."""
+    where = text(f"{column} IS NOT NULL")
+    return Index(f"ix_{table}_{column}", column, sqlite_where=where, postgresql_where=where)
+
+
 class SessionRow(Base):
     __tablename__ = "sessions"
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     key_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
-    task_id: Mapped[str | None] = mapped_column(String(256), index=True)
-    group_id: Mapped[str | None] = mapped_column(String(256), index=True)
+    task_id: Mapped[str | None] = mapped_column(String(256))
+    group_id: Mapped[str | None] = mapped_column(String(256))
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
-    status: Mapped[str] = mapped_column(String(16), index=True, default="open")
+    status: Mapped[str] = mapped_column(String(16), default="open")
     auto: Mapped[bool] = mapped_column(Boolean, default=False)
     reward_fn: Mapped[str | None] = mapped_column(String(256))
     reference: Mapped[str | None] = mapped_column(Text)
@@ -43,20 +62,22 @@ class SessionRow(Base):
     min_version: Mapped[int | None] = mapped_column(Integer)  # oldest weight version of any token
     max_version: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)
-    updated_at: Mapped[float] = mapped_column(Float, index=True)
+    updated_at: Mapped[float] = mapped_column(Float)
     finished_at: Mapped[float | None] = mapped_column(Float)
-    consumed_step: Mapped[int | None] = mapped_column(Integer, index=True)  # trainer step that used it
-    claimed_step: Mapped[int | None] = mapped_column(Integer, index=True)  # trainer step that claimed it
+    consumed_step: Mapped[int | None] = mapped_column(Integer)  # trainer step that used it
+    claimed_step: Mapped[int | None] = mapped_column(Integer)  # trainer step that claimed it
     seed: Mapped[int | None] = mapped_column(BigInteger)  # sampling seed of calls that set none (derived per prompt)
     eval: Mapped[bool] = mapped_column(Boolean, server_default=false())  # evaluation: never trained on
     temperature: Mapped[float | None] = mapped_column(Float)  # forced on every call of the session (evaluation)
 
     # Status + age is how admission control and the timeout sweeper scan sessions; creation time (under
-    # a status or not) is the order the web UI pages them in, by keyset (proxy/store/browse.py).
+    # a status or not) is the order the web UI pages them in, by keyset (proxy/store/browse.py). Columns
+    # empty on most rows and looked up by value are indexed over the rows that have one (migration 0008).
     __table_args__ = (
         Index("ix_sessions_status_updated", "status", "updated_at"),
         Index("ix_sessions_created", "created_at", "id"),
         Index("ix_sessions_status_created", "status", "created_at", "id"),
+        *(_where_set("sessions", column) for column in ("task_id", "group_id", "claimed_step")),
     )
 
 
@@ -65,7 +86,7 @@ class CompletionRow(Base):
 
     id: Mapped[str] = mapped_column(String(80), primary_key=True)
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id"), index=True)
-    parent_id: Mapped[str | None] = mapped_column(String(80), index=True)
+    parent_id: Mapped[str | None] = mapped_column(String(80))
     response_id: Mapped[str] = mapped_column(String(80), index=True)  # id the client saw (shared by n choices)
     choice_index: Mapped[int] = mapped_column(Integer, default=0)
     api: Mapped[str] = mapped_column(String(16), default="chat")  # chat | responses | messages
@@ -90,6 +111,7 @@ class CompletionRow(Base):
     __table_args__ = (
         Index("ix_completions_chain", "chain_hash", "session_id"),
         Index("ix_completions_request", "request_hash", "created_at"),
+        _where_set("completions", "parent_id"),  # empty on a conversation's first turn
     )
 
 

@@ -4,6 +4,7 @@ again is a no-op; a store from a newer release is refused; replicas opening at o
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -46,6 +47,12 @@ def legacy_store(url: str, version: int) -> None:
         Base.metadata.create_all(conn)
         conn.execute(text("DROP INDEX ix_sessions_status_updated"))
         conn.execute(text("DROP INDEX ix_sessions_claimed_step"))
+        # ... and every index over all rows (before 0008: three more, and three of today's partial ones whole)
+        for table, column in [("sessions", "task_id"), ("sessions", "group_id"), ("completions", "parent_id")]:
+            conn.execute(text(f"DROP INDEX ix_{table}_{column}"))
+            conn.execute(text(f"CREATE INDEX ix_{table}_{column} ON {table} ({column})"))
+        for column in ("status", "updated_at", "consumed_step"):
+            conn.execute(text(f"CREATE INDEX ix_sessions_{column} ON sessions ({column})"))
         conn.execute(text("DROP INDEX ix_sessions_created"))
         conn.execute(text("DROP INDEX ix_sessions_status_created"))
         conn.execute(text("ALTER TABLE sessions DROP COLUMN seed"))
@@ -96,9 +103,57 @@ def legacy_store(url: str, version: int) -> None:
 def test_a_fresh_store_reaches_head_with_the_schema_of_schema_py(url):
     db = open_store(url)
     try:
-        assert db.read(current_revision) == head_revision() == "0007"
+        assert db.read(current_revision) == head_revision() == "0008"
         assert schema_drift(db) == []
+        assert_sparse_indexes(db)
         assert not db.read(lambda c: inspect(c).has_table("schema_version"))
+    finally:
+        db.close()
+
+
+def index_definitions(db: Database) -> dict[str, str]:
+    """The store's own indexes (not those of primary keys and unique columns): name → definition."""
+    if db.sqlite:
+        query = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+    else:
+        query = "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()"
+    return dict(db.read(lambda c: c.execute(text(query)).all()))
+
+
+SPARSE = {
+    "ix_sessions_task_id": "task_id",
+    "ix_sessions_group_id": "group_id",
+    "ix_sessions_claimed_step": "claimed_step",
+    "ix_completions_parent_id": "parent_id",
+}
+UNUSED = ["ix_sessions_status", "ix_sessions_updated_at", "ix_sessions_consumed_step"]
+
+
+def assert_sparse_indexes(db: Database) -> None:
+    """Migration 0008: columns empty on most rows are indexed over the rows that have a value; the indexes
+    nothing searched are gone (Alembic's comparison does not look at an index's WHERE)."""
+    definitions = index_definitions(db)
+    for name, column in SPARSE.items():
+        assert re.search(rf"WHERE \(?{column} IS NOT NULL\)?", definitions[name], re.IGNORECASE), definitions[name]
+    assert not set(UNUSED) & set(definitions)
+
+
+@pytest.mark.parametrize(
+    ("query", "index"),
+    [
+        ("SELECT id FROM sessions WHERE group_id = 'g'", "ix_sessions_group_id"),
+        ("SELECT id FROM sessions WHERE task_id IN ('a', 'b')", "ix_sessions_task_id"),
+        ("SELECT id FROM sessions WHERE claimed_step > 3", "ix_sessions_claimed_step"),
+        ("SELECT id FROM completions WHERE parent_id = 'c'", "ix_completions_parent_id"),
+    ],
+)
+def test_a_lookup_by_value_uses_the_partial_index(tmp_path, query, index):
+    """SQLite's planner takes a partial index only where the query implies its WHERE: `=`, `IN` and `>`
+    on the column do."""
+    db = open_store(f"sqlite:///{tmp_path}/store.db")
+    try:
+        plan = db.read(lambda c: c.execute(text(f"EXPLAIN QUERY PLAN {query}")).all())
+        assert f"INDEX {index} (" in " ".join(row[-1] for row in plan), plan  # USING [COVERING] INDEX ...
     finally:
         db.close()
 
@@ -126,6 +181,7 @@ def test_a_pre_alembic_store_upgrades_in_place_and_keeps_its_rows(url, version):
     try:
         assert db.read(current_revision) == head_revision()
         assert schema_drift(db) == []
+        assert_sparse_indexes(db)
         assert not db.read(lambda c: inspect(c).has_table("schema_version"))
         session = db.read(lambda c: c.execute(sessions.select().where(sessions.c.id == "sess_old")).one())
         assert (session.id, session.status, session.reward, session.seed) == ("sess_old", "finished", 1.0, None)

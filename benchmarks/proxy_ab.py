@@ -5,7 +5,8 @@ move it; alternating the versions in rounds, in front of the same instant engine
 medians separates the change from the machine. Each round starts each version fresh (`areal-proxy
 serve` on SQLite, pinned to core 0, its source tree first on PYTHONPATH) and measures sequential
 latency and requests/s and CPU per request at 32 in flight, as `proxy_overhead.py` does (with
-`--postgres`, also the CPU the machine's PostgreSQL server used a request meanwhile); `--agent`
+`--postgres`, also the CPU the machine's PostgreSQL server used a request meanwhile; on SQLite, the
+largest the write-ahead log file grew); `--agent`
 sends an agent's request (a system prompt and six tools, ~1,000 prompt tokens) instead of one line;
 `--stream` asks for streamed answers (the engine sends an event a token, as SGLang does); `--api
 responses` or `--api messages` sends the same request to the Responses or Anthropic Messages route; `--front`

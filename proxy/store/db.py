@@ -333,26 +333,32 @@ class Checkpointer:
             finally:
                 conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         except sqlite3.Error as exc:  # the writer goes on: its next statement meets a broken connection
-            busy, log_pages, copied = 1, -1, -1
-            log.warning("starting the log of %s over failed: %s", self.path, exc)
-        took_ms = (time.perf_counter() - started) * 1e3
-        if not busy:
-            self.restarts += 1
-            self._failed_restarts = 0
-            log.debug("started the log of %s over (%d pages) in %.1f ms", self.path, log_pages, took_ms)
+            wait_s = self._back_off()
+            log.warning("starting the log of %s over failed (trying again in %.1f s): %s", self.path, wait_s, exc)
             return
+        if busy:
+            log.info(
+                "the log of %s (%d pages, %d copied) could not be started over: a read held it past %d ms; "
+                "trying again in %.1f s",
+                self.path,
+                log_pages,
+                copied,
+                RESTART_WAIT_MS,
+                self._back_off(),
+            )
+            return
+        self.restarts += 1
+        self._failed_restarts = 0
+        took_ms = (time.perf_counter() - started) * 1e3
+        log.debug("started the log of %s over (%d pages) in %.1f ms", self.path, log_pages, took_ms)
+
+    def _back_off(self) -> float:
+        """After a failed restart: no new one is asked for until twice as long as after the last failure
+        (at most a minute). The seconds until then."""
         self._failed_restarts += 1
         wait_s = min(60.0, self.every_s * 2**self._failed_restarts)
         self._next_restart = time.monotonic() + wait_s
-        log.info(
-            "the log of %s (%d pages, %d copied) could not be started over: a read held it past %d ms; "
-            "trying again in %.1f s",
-            self.path,
-            log_pages,
-            copied,
-            RESTART_WAIT_MS,
-            wait_s,
-        )
+        return wait_s
 
 
 class Database:

@@ -18,12 +18,14 @@ gather the weights for a push, checkpoint, stop), and they follow (`Trainer.foll
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 
 from evaluation.during import PeriodicEval
@@ -54,6 +56,29 @@ log = logging.getLogger("areal_trainer")
 # trainer.algorithm dpo / sft: its selectors, samples and optimizer steps replace PPO's. (distill keeps PPO's
 # step and adds the teacher's token rewards to its advantages: `Trainer.distiller`.)
 LEARNERS = {"dpo": preference.Dpo, "sft": sft.Sft}
+
+
+PROXY_START_S = 600.0
+"""How long a launcher waits for its proxy to answer (a first run converts the default model first)."""
+
+WAIT_FOR_ENV = "AREAL_WAIT_FOR"
+"""Set by the local launcher on the trainer processes it starts beside the proxy: the URL whose /health
+they wait for before opening the store or converting the model, so that their imports (several seconds
+of torch and transformers) overlap the proxy's start instead of following it."""
+
+
+def wait_for(url: str, timeout: float, path: str = "/health") -> None:
+    """Return once GET `url + path` answers 200; RuntimeError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url + path, timeout=2, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass  # not listening yet
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url}{path} did not answer in {timeout:.0f}s")
+        time.sleep(0.2)
 
 
 def proxy_url(cfg: Config) -> str:
@@ -582,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
+    proxy = os.environ.get(WAIT_FOR_ENV)
+    if proxy:  # started beside the proxy (`areal-proxy train`): the store and the model are ready once it answers
+        wait_for(proxy, PROXY_START_S)  # (before logging is set up: its 503s are not worth a line each)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if cfg.trainer.threads > 0:
         torch.set_num_threads(cfg.trainer.threads)

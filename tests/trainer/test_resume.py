@@ -149,7 +149,7 @@ def test_fill_batch_trains_full_batches_of_groups_with_reward_variance(tmp_path)
 def test_sigkill_mid_run_then_resume(tmp_path):
     config = write_config(tmp_path)
     run_dir = tmp_path / "run"
-    first = train(config, "trainer.max_steps=6")
+    first = train(config, "trainer.max_steps=4")
     deadline = time.time() + 900
     while steps_done(run_dir) < 3 and time.time() < deadline and first.poll() is None:
         time.sleep(0.5)
@@ -157,7 +157,7 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     os.kill(int((run_dir / "trainer.pid").read_text()), signal.SIGKILL)
     out, _ = first.communicate(timeout=300)
     assert first.returncode != 0
-    second = train(config, "trainer.max_steps=6")
+    second = train(config, "trainer.max_steps=4")  # from the checkpoint of step 2: steps 3 and 4 again
     out, _ = second.communicate(timeout=900)
     assert second.returncode == 0, out[-3000:]
     assert "resume_from" in (run_dir / "trained_sessions.jsonl").read_text()

@@ -81,6 +81,7 @@ def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> RecordedRun:
         "eval.every_steps": 1,
         "eval.max_tasks": 4,
         "eval.temperature": 0,
+        "eval.keep_best": "false",  # no checkpoint per evaluation (1.6 GB each): the pages show none
     }
     args = [sys.executable, "-m", "proxy.cli", "train", "examples/claude_style_messages/config.toml"]
     for key, value in overrides.items():

@@ -42,7 +42,7 @@ from proxy.store.online import online_counts
 from proxy.store.sessions import fail_open_sessions
 from trainer.config import RunningMeanConfig
 from trainer.launch.processes import free_port, start_process, stop_process, wait_healthy, write_private
-from trainer.loop import proxy_url
+from trainer.loop import PROXY_START_S, WAIT_FOR_ENV, proxy_url
 from trainer.metrics import progress_rows
 
 
@@ -175,9 +175,12 @@ def launch(cfg: Config, config_path: str | None, online: bool = False) -> int:
     trainers: list[subprocess.Popen] = []
     proxy = children.start("proxy", ["-m", "proxy.cli", "serve"])
     try:
-        wait_healthy(url, proxy, timeout=600, log_path=run_dir / "proxy.log")
-        console.print(f"web UI: {url}/ui/")
+        # The trainers start now and wait for the proxy's health before they touch the store or the model
+        # (the proxy migrates the one and converts the other): their imports overlap the proxy's start.
+        children.env[WAIT_FOR_ENV] = url
         trainers = children.start_trainers(cfg.trainer.processes)
+        wait_healthy(url, proxy, timeout=PROXY_START_S, log_path=run_dir / "proxy.log")
+        console.print(f"web UI: {url}/ui/")
         if tasks is None:
             console.print(f"online: point your agent at {url}/v1 and post feedback to {url}/feedback")
             code = asyncio.run(_supervise_online(cfg, run_dir, trainers, console))

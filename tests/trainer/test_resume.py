@@ -16,8 +16,9 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from proxy.store.schema import sessions
-from tests.conftest import REPO
+from tests.conftest import REPO, serve_app
 from trainer.audit import effective_history
+from trainer.loop import WAIT_FOR_ENV
 from trainer.metrics import progress_rows, read_metrics
 from trainer.weights import default_weights_dir
 
@@ -94,6 +95,37 @@ def test_smoke_run_exits_zero(tmp_path):
     shm = default_weights_dir(tmp_path / "run", local_engine=True)
     if shm != tmp_path / "run" / "weights":  # a local engine gets its weights through /dev/shm
         assert not shm.exists(), "the pushed weights held in shared memory are freed when the trainer exits"
+
+
+def test_a_trainer_started_beside_its_proxy_waits_for_it_before_touching_the_store(tmp_path):
+    """`areal-proxy train` starts the trainer while the proxy is still starting: the trainer asks the
+    proxy's /health until it answers 200, and opens no store meanwhile (the proxy migrates it)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    asked: list[float] = []
+
+    async def health(_request):
+        asked.append(time.monotonic())
+        return JSONResponse({"error": "starting"}, status_code=503)
+
+    config = write_config(tmp_path)
+    db_path = tmp_path / "run" / "areal.db"
+    with serve_app(Starlette(routes=[Route("/health", health)])) as url:
+        args = [sys.executable, "-m", "trainer.loop", "--config", str(config), "--set", f"proxy.public_url={url}"]
+        env = {**os.environ, WAIT_FOR_ENV: url}
+        trainer = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while len(asked) < 5 and time.monotonic() < deadline and trainer.poll() is None:
+                time.sleep(0.1)
+            assert trainer.poll() is None, trainer.communicate()[0][-3000:]
+            assert len(asked) >= 5, "the trainer never asked for the proxy's health"
+            assert not db_path.exists(), "the trainer opened the store before the proxy answered"
+        finally:
+            trainer.kill()
+            trainer.wait()
 
 
 def test_max_minutes_ends_the_run_on_time_and_counts_across_resumes(tmp_path):

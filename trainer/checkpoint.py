@@ -5,8 +5,9 @@ optimizer state, and `trainer_state.json`. It is written under a temporary name,
 file and the folder fsynced, then renamed (and the rename fsynced), so a trainer killed
 mid-write, or a machine that loses power, leaves the previous checkpoint intact;
 temporary folders a killed trainer left behind are removed. The optimizer and RNG state
-hold only tensors and plain values, so they load with `weights_only=True`. The two most
-recent checkpoints are kept.
+hold only tensors and plain values, so they load with `weights_only=True`; they are the
+biggest file, written past the page cache (`trainer/uncached.py`). The two most recent
+checkpoints are kept.
 
 Several trainer processes (`trainer/distributed.py`) write the same folder: the optimizer's
 shards with torch.distributed.checkpoint under `optimizer/` (each rank its own file), rank 0
@@ -30,6 +31,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from trainer import uncached
 
 log = logging.getLogger(__name__)
 TMP_PREFIX = ".tmp_step_"
@@ -104,7 +107,7 @@ def save(
         model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None:  # a checkpoint is a servable model: `areal-proxy serve --model <checkpoint>`
         tokenizer.save_pretrained(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), "rng": _rng_state()}, tmp / "trainer.pt")
+    uncached.save({"optimizer": optimizer.state_dict(), "rng": _rng_state()}, tmp / "trainer.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state)))
     _publish(tmp, final, keep)
     return final

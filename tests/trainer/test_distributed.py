@@ -7,6 +7,7 @@ which are compared with one process's `train_step` over the whole batch.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -242,10 +243,12 @@ def test_sigkill_of_one_rank_stops_the_run_and_it_resumes_with_one_process(tmp_p
     done = latest(run_dir)
     assert done is not None and (done / SHARDED_OPTIMIZER).is_dir(), "the two processes' checkpoint"
 
-    second = train(config, "trainer.max_steps=4", "trainer.processes=1")
+    resumed_at = json.loads((done / "trainer_state.json").read_text())["step"]
+    # one step past the checkpoint: it resumes, trains on one process, and checkpoints in its format
+    second = train(config, f"trainer.max_steps={resumed_at + 1}", "trainer.processes=1")
     out, _ = second.communicate(timeout=900)
     assert second.returncode == 0, out[-3000:]
     assert "resume_from" in (run_dir / "trained_sessions.jsonl").read_text()
     history = effective_history(run_dir)
     assert len(history) == len(set(history)), "a session was trained twice"
-    assert steps_done(run_dir) == 4
+    assert steps_done(run_dir) == resumed_at + 1

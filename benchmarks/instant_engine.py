@@ -11,6 +11,7 @@ once, so what a benchmark measures is the HTTP and bookkeeping around the model.
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import orjson
@@ -117,6 +118,12 @@ def main() -> None:
     path = resolve_model(DEFAULT_MODEL, "~/.cache/areal-proxy")
     tok = AutoTokenizer.from_pretrained(path)
     app = build(path, tok.eos_token_id, tok.encode(REPLY, add_special_tokens=False))
+    # What the imports and the tokenizer left (transformers: hundreds of thousands of objects) goes to the
+    # collector's permanent generation, as `areal-proxy serve` does once started: otherwise a full pass
+    # here, 170-240 ms mid-run, stalls every request in flight through whichever proxy is being measured.
+    del tok
+    gc.collect()
+    gc.freeze()
     # A long keep-alive: a client reusing a connection just as the server closes it gets an error that
     # is neither proxy's doing (LiteLLM's client did, at uvicorn's default 5 s).
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, timeout_keep_alive=300)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections import deque
@@ -463,6 +464,7 @@ def serve_forever(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         await startup()
+        gc.freeze()  # start-up's objects (~107,000 for the front) out of the collector's full passes (26 ms)
         try:
             try:
                 bound = await server.start(host, port)

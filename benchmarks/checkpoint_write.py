@@ -2,9 +2,10 @@
 
 `trainer.checkpoint.save` of the default model (float32) and its AdamW state after one step: the
 model by `save_pretrained`, the optimizer state by `trainer.uncached.save` (O_DIRECT through one
-reused buffer) in one arm and by `torch.save` then fsync in the other. The arms alternate, ABBA, with
-`--gap` seconds between saves (a training step's worth: pages a run freed a while ago are what a
-new file gets). Reported per save: wall seconds and the process's system CPU seconds; then medians.
+reused buffer) in one arm and by `torch.save` in the other; the checkpoint fsyncs both before its
+rename. The arms alternate, ABBA, with `--gap` seconds between saves (a training step's worth: pages
+a run freed a while ago are what a new file gets). Reported per save: wall seconds and the process's
+system CPU seconds; then medians.
 
     python benchmarks/checkpoint_write.py [--rounds 4] [--gap 10] [--dir /tmp/checkpoint_write]
 """
@@ -12,7 +13,6 @@ new file gets). Reported per save: wall seconds and the process's system CPU sec
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import shutil
 import statistics
@@ -43,12 +43,7 @@ def main() -> None:
     model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
     optimizer.step()  # the moments exist: 8 bytes a parameter
 
-    def page_cache(obj: object, path: Path) -> None:
-        torch.save(obj, path)
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-
-    arms = {"page cache": page_cache, "O_DIRECT": uncached.save}
+    arms = {"page cache": torch.save, "O_DIRECT": uncached.save}
     direct_save = uncached.save
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
     shutil.rmtree(args.dir, ignore_errors=True)

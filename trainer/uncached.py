@@ -13,7 +13,8 @@ O_DIRECT wants the buffer, each write's length and the file offset aligned to th
 (allocated once per process, so its pages are touched once) and written a full buffer at a time;
 the tail is written padded to a block, and the file then cut to its true length. Where O_DIRECT is
 missing (macOS) or refused (a file system without it, a device with larger blocks), the file is
-written the ordinary way.
+written the ordinary way. Like `torch.save`, it leaves syncing to the caller (a checkpoint fsyncs
+every file before its rename).
 """
 
 from __future__ import annotations
@@ -71,13 +72,12 @@ class DirectFile:
         """Nothing: bytes go out when the buffer is full or the file closes (the buffer's alignment)."""
 
     def close(self) -> None:
-        """Write the tail (padded to a block), cut the file to its length, and sync it."""
+        """Write the tail (padded to a block) and cut the file to its length."""
         if self.filled:
             padded = -(-self.filled // BLOCK) * BLOCK
             self.view[self.filled : padded] = bytes(padded - self.filled)
             self._write_out(padded)
         os.ftruncate(self.fd, self.size)
-        os.fsync(self.fd)
         self.release()
 
     def release(self) -> None:
@@ -99,14 +99,12 @@ class DirectFile:
 
 
 def save(obj: Any, path: Path) -> None:
-    """`torch.save(obj, path)`, past the page cache where the file system allows; the file is synced."""
+    """`torch.save(obj, path)`, past the page cache where the file system allows."""
     if hasattr(os, "O_DIRECT"):
         with _buffer_lock:
             if _save_direct(obj, path):
                 return
     torch.save(obj, path)
-    with open(path, "rb") as synced:
-        os.fsync(synced.fileno())
 
 
 def _save_direct(obj: Any, path: Path) -> bool:

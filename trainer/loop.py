@@ -329,7 +329,8 @@ class Trainer:
         step = self.state.step + 1
         trained_version = self.state.version  # the policy these sessions are measured against
         self._dirty = True  # the weights move ahead of self.state until the step is counted
-        result = self._optimize(samples, step) if samples else None
+        self._set_lr(step)  # also where nothing trains: the step's metrics show its scheduled rate
+        result = self._optimize(samples) if samples else None
         t_train = time.time() - t0
         skipped = [sid for ids in batch.skipped.values() for sid in ids]
         self._audit({"step": step, "trained": [s.session_id for s in train_on], "skipped": skipped})
@@ -405,8 +406,7 @@ class Trainer:
         self._start_eval(self.state.step, saved)
         self._finish_eval(wait=True)
 
-    def _optimize(self, samples: list, step: int) -> StepResult | None:
-        self._set_lr(step)
+    def _optimize(self, samples: list) -> StepResult | None:
         if self.learner is not None:  # one process (config.py refuses more)
             return self.learner.train(
                 self.model, self.optimizer, samples, self.device, self.policy.reference, self.pad_id

@@ -62,3 +62,42 @@ def test_a_decay_needs_a_budget():
         load_config(None, ["trainer.schedule.min_lr_ratio=1.5"])
     with pytest.raises(ConfigError, match="max_minutes"):
         load_config(None, ["trainer.max_minutes=-1"])
+
+
+def test_a_step_that_trains_nothing_logs_its_scheduled_rate(tmp_path):
+    """Step 2 claims only a group whose rewards are all equal (nothing to train): its metrics still show
+    the rate the schedule gives step 2, not step 1's (the smoke run logged that when its step 2 drew such groups)."""
+    import json
+
+    import httpx
+
+    from proxy.config import load_config
+    from tests.conftest import run_server
+    from tests.trainer.test_dpo import OPEN, scored_groups
+    from trainer import loop
+
+    db_url = f"sqlite:///{tmp_path}/areal.db"
+    run_dir = tmp_path / "run"
+    with run_server(tmp_path, db_url) as proxy:
+        overrides = [
+            f"store.url={db_url}",
+            f"proxy.port={proxy.url.rsplit(':', 1)[1]}",
+            f"trainer.run_dir={run_dir}",
+            "trainer.max_staleness=10",
+            "trainer.batch.size=2",
+            "rollout.group_size=2",
+            "trainer.optim.lr=2e-5",
+            "trainer.schedule.shape=linear",
+            "trainer.schedule.min_lr_ratio=0.5",
+        ]
+        scored_groups(proxy, [[1.0, 0.0]])
+        assert loop.Trainer(load_config(None, [*overrides, "trainer.max_steps=1"])).run() == 0
+        created = proxy.post("/sessions", json={"count": 2, "group_id": "flat", "task_id": "t-flat"})
+        for session in created.json()["data"]:
+            assert httpx.post(session["base_url"] + "/chat/completions", json=OPEN, timeout=600).status_code == 200
+            assert proxy.post(f"/sessions/{session['session_id']}/finish", json={"reward": 0.0}).status_code == 200
+        assert loop.Trainer(load_config(None, [*overrides, "trainer.max_steps=2"])).run() == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in rows if "lr" in r}
+    assert steps[2]["samples"] == 0, "step 2 had nothing to train"
+    assert [steps[1]["lr"], steps[2]["lr"]] == pytest.approx([2e-5, 1.5e-5])

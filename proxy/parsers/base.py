@@ -167,7 +167,44 @@ def call_schema(tool: dict[str, Any], args_key: str) -> dict[str, Any]:
 
 
 def arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
-    return tool["function"].get("parameters") or {"type": "object"}
+    """The tool's parameters as a required call's grammar holds them: an object that declares its
+    `properties` and says nothing of others takes only those (`closed`)."""
+    return closed(tool["function"].get("parameters") or {"type": "object"})
+
+
+_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed(schema: Any, composed: bool = False) -> Any:
+    """`schema` with `additionalProperties: false` on every object schema that lists `properties`
+    and is silent on other keys (no `additionalProperties`, `patternProperties` or
+    `unevaluatedProperties`). JSON Schema lets such an object take any other key, and a grammar
+    that follows it lets a small model write a free-text key until `max_tokens` (seen: a key
+    `"a': 3}} building blocks..."` in a forced call); a function's arguments are its declared
+    parameters, as OpenAI's strict mode requires. Members of an `allOf`, and a schema that
+    combines `properties` with `allOf`/`anyOf`/`oneOf`, stay open: closing them would refuse the
+    keys their siblings declare."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [closed(s, composed=True) for s in out["allOf"]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(s) for name, s in out[key].items()}
+    silent = not any(k in out for k in ("additionalProperties", "patternProperties", "unevaluatedProperties"))
+    combined = composed or any(k in out for k in ("allOf", "anyOf", "oneOf"))
+    if isinstance(out.get("properties"), dict) and silent and not combined:
+        out["additionalProperties"] = False
+    return out
 
 
 def lark_json(rule: str, schema: dict[str, Any]) -> str:

@@ -100,3 +100,56 @@ def test_any_path_through_the_grammar_is_one_valid_call(tokenizer, family, offer
         jsonschema.validate(args, PARAMS[name])
         seen.add(name)
     assert seen == {t["function"]["name"] for t in tools}  # every offered tool is reachable
+
+
+SILENT = {  # the Claude Code test's tool: nothing said of other keys
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                "b": {"type": "integer", "minimum": 0, "maximum": 99},
+            },
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("family", ["hermes", "harmony"])
+def test_a_schema_silent_on_other_keys_takes_only_its_own(tokenizer, family):
+    """JSON Schema lets such an object take any key; the forced call's grammar does not, or a model
+    can write a free-text key until max_tokens (a CI failure of the Claude Code test)."""
+    tok, lltok = tokenizer
+    fmt = TOOL_FORMATS[family]
+    prefix, grammar = fmt.call_grammar([SILENT])
+    rng = random.Random(family)
+    for _ in range(20):
+        text = prefix + tok.decode(walk(lltok, grammar, len(tok), rng))
+        stage = fmt.reply_stage({"add"})
+        if stage is not None:
+            calls = stage.feed(text, False).calls + stage.feed("", True).calls
+        else:
+            section = ToolSection(fmt({"add"}))
+            calls = section.feed(text, False)[1] + section.feed("", True)[1]
+        [call] = calls
+        assert set(json.loads(call["function"]["arguments"])) <= {"a", "b"}, text
+
+
+def test_closed_leaves_what_a_schema_says_of_other_keys():
+    from proxy.parsers.base import closed
+
+    obj = {"type": "object", "properties": {"x": {"type": "object", "properties": {"y": {}}}}}
+    assert closed(obj) == {
+        "type": "object",
+        "properties": {"x": {"type": "object", "properties": {"y": {}}, "additionalProperties": False}},
+        "additionalProperties": False,
+    }
+    for said in ({"additionalProperties": True}, {"additionalProperties": {"type": "string"}}, {"patternProperties": {}}):
+        assert closed({"properties": {"x": {}}, **said}) == {"properties": {"x": {}}, **said}
+    parts = {"allOf": [{"properties": {"x": {}}}, {"properties": {"y": {}}}]}
+    assert closed(parts) == parts  # each part's siblings declare keys it must accept
+    assert closed({"type": "object"}) == {"type": "object"}  # no properties listed: any object
+    listed = {"type": "array", "items": {"properties": {"x": {}}}}
+    assert closed(listed)["items"]["additionalProperties"] is False

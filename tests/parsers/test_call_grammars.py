@@ -146,7 +146,8 @@ def test_closed_leaves_what_a_schema_says_of_other_keys():
         "properties": {"x": {"type": "object", "properties": {"y": {}}, "additionalProperties": False}},
         "additionalProperties": False,
     }
-    for said in ({"additionalProperties": True}, {"additionalProperties": {"type": "string"}}, {"patternProperties": {}}):
+    others = ({"additionalProperties": True}, {"additionalProperties": {"type": "string"}}, {"patternProperties": {}})
+    for said in others:
         assert closed({"properties": {"x": {}}, **said}) == {"properties": {"x": {}}, **said}
     parts = {"allOf": [{"properties": {"x": {}}}, {"properties": {"y": {}}}]}
     assert closed(parts) == parts  # each part's siblings declare keys it must accept

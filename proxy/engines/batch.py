@@ -64,8 +64,11 @@ class ContinuousBatch:
         waiting: deque[Request],
         lock: threading.Condition,
         stats: dict[str, int],
+        seed: int = 0,
     ) -> None:
         self._max_rows = max_rows
+        self._seed = seed
+        self._sampler: torch.Generator | None = None  # unseeded rows' draws (`engine.seed`)
         self._waiting = waiting
         self._lock = lock
         self._stats = stats
@@ -85,6 +88,8 @@ class ContinuousBatch:
         """The loaded model to step (the engine thread loads it before its first step)."""
         self._model, self._tokenizer, self._info, self._device, self._fast = model, tokenizer, info, device, fast
         self._grammars = None
+        if self._sampler is None or self._sampler.device != device:  # a reload after a fault draws on
+            self._sampler = torch.Generator(device=device).manual_seed(self._seed)
 
     def step(self, version: int) -> None:
         """Admit, prefill and decode once; every token sampled is tagged with weights `version`."""
@@ -337,7 +342,9 @@ class ContinuousBatch:
         """Sample one token per request, stream it, and return the requests that finished (or failed)."""
         try:
             allowed = self._allowed(reqs, logits.shape[-1])
-            rows = _rows(sample(logits, [r.params for r in reqs], [r.generator for r in reqs], allowed), len(reqs))
+            rows = _rows(
+                sample(logits, [r.params for r in reqs], [r.generator for r in reqs], allowed, self._sampler), len(reqs)
+            )
         except Exception:  # some request's sampling raised: find it, fail it alone, keep the others
             rows = [self._sample_one(r, logits[i : i + 1]) for i, r in enumerate(reqs)]
         version = self._version
@@ -387,7 +394,9 @@ class ContinuousBatch:
 
     def _sample_one(self, req: Request, logits: torch.Tensor) -> tuple[int, float, Any] | None:
         try:
-            return _rows(sample(logits, [req.params], [req.generator], self._allowed([req], logits.shape[-1])), 1)[0]
+            return _rows(
+                sample(logits, [req.params], [req.generator], self._allowed([req], logits.shape[-1]), self._sampler), 1
+            )[0]
         except InvalidSampling as exc:
             self.fail(req, exc)
             return None

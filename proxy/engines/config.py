@@ -74,7 +74,8 @@ class EngineConfig(Section):
     retry_dead_after_s: float = 10.0
     """A failed engine server is left out of rotation this long before it is tried again."""
     seed: int = 0
-    """Seed of the embedded engine's default sampler."""
+    """Seed of the embedded engine's sampler for requests that set no seed (nor their session): a fresh
+    engine sent the same requests one at a time draws the same tokens."""
     chat_template: str = ""
     """A Jinja chat template (a file path, or the template itself) used instead of the model's own."""
     tool_parser: ToolParser = "auto"

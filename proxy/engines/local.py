@@ -104,7 +104,7 @@ class LocalEngine:
             "failed_requests": 0,
         }
         self._batch = ContinuousBatch(
-            cfg.max_batch_size, cfg.prefix_cache_tokens, self._waiting, self._wake, self.stats
+            cfg.max_batch_size, cfg.prefix_cache_tokens, self._waiting, self._wake, self.stats, cfg.seed
         )
 
     # -- protocol -----------------------------------------------------------------

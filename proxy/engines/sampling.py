@@ -92,14 +92,16 @@ def sample(
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     allowed: list[torch.Tensor | None] | None = None,
+    default: torch.Generator | None = None,
 ) -> Sampled:
-    """Draw one token per row of `logits` (R, V), among the row's `allowed` tokens when given."""
+    """Draw one token per row of `logits` (R, V), among the row's `allowed` tokens when given; a row
+    with no generator of its own draws from `default` (else torch's global generator)."""
     logprobs = process_logits(logits, params, allowed)
     # Inverse transform sampling: one uniform number per row (from the row's own generator when
     # it is seeded), then the first token whose cumulative probability passes it. One random
     # number a row instead of one per vocabulary entry: on 2 CPU cores a decode step of 64 rows ×
     # 49k tokens took 104 ms with per-row exponential noise, 22 ms this way (cpu_hot_paths.py).
-    u = torch.rand(len(params), dtype=torch.float64, device=logprobs.device)
+    u = torch.rand(len(params), dtype=torch.float64, device=logprobs.device, generator=default)
     for row, gen in enumerate(generators):
         if gen is not None:
             u[row] = torch.rand((), dtype=torch.float64, generator=gen, device=gen.device)

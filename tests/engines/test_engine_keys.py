@@ -14,7 +14,7 @@ PROMPT = [1, 9690, 198, 2683, 314, 260]
 
 def test_a_keyed_engine_server_refuses_callers_without_its_key(tmp_path):
     with run_engine(tmp_path, env={"AREAL_ADMIN_KEY": KEY}) as engine:
-        body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}}
+        body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
         assert engine.get("/health").status_code == 200
         refused = engine.post("/generate", json=body)
         assert refused.status_code == 401 and refused.json()["error"]["code"] == 401

@@ -229,7 +229,9 @@ def test_the_engine_server_refuses_hostile_requests_and_keeps_serving(engine_ser
         if r.status_code != 400:
             failures.append(f"{path}: {r.status_code} {r.text[:300]}")
     assert not failures, "\n".join(failures)
-    ok = engine_server.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3}})
+    ok = engine_server.post(
+        "/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
+    )
     assert ok.status_code == 200 and len(ok.json()["output_ids"]) == 3
     assert engine_server.stats()["restarts"] == 0
 

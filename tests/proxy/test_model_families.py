@@ -28,6 +28,7 @@ from proxy.runtime.model_files import DEFAULT_MODEL, resolve_model
 from tests.conftest import run_server
 
 TEMPLATES = Path(__file__).parents[1] / "parsers" / "templates"
+GREEDY = {"temperature": 0}  # the anthropic client takes no temperature argument here
 WEATHER = {
     "type": "function",
     "function": {
@@ -133,9 +134,11 @@ def test_reasoning_in_responses_and_messages(family):
     done = events[-1].response
     assert done.output[0].type == "reasoning" and done.output[0].content[0].text == deltas != ""
     ac = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
-    m = ac.messages.create(model="m", max_tokens=24, messages=[{"role": "user", "content": "Hi"}])
+    m = ac.messages.create(model="m", max_tokens=24, messages=[{"role": "user", "content": "Hi"}], extra_body=GREEDY)
     assert m.content[0].type == "thinking" and m.content[0].thinking
-    with ac.messages.stream(model="m", max_tokens=24, messages=[{"role": "user", "content": "Hi"}]) as s:
+    with ac.messages.stream(
+        model="m", max_tokens=24, messages=[{"role": "user", "content": "Hi"}], extra_body=GREEDY
+    ) as s:
         final = s.get_final_message()
     assert final.content[0].type == "thinking" and final.content[0].thinking
 

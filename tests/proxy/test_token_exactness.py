@@ -10,7 +10,7 @@ from tests.proxy.test_chat_api import NAMED, SYSTEM, WEATHER
 
 
 def five_turns(proxy) -> tuple[str, list[str]]:
-    session = proxy.new_session(task_id="exact")
+    session = proxy.new_session(task_id="exact", seed=11)
     client = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
     messages = [SYSTEM, {"role": "user", "content": "What's the weather in Paris?"}]
     ids = []

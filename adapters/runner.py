@@ -112,8 +112,8 @@ class EpisodeRunner:
                 # one group waits for free slots so it starts together; a screened group's held
                 # sessions keep theirs, so the rest starts the moment the screen decides rather
                 # than behind newer groups (its first sessions age with every training step)
-                for _ in range(plan.size):
-                    await slots.acquire()
+                if not await _acquire(slots, plan.size, stop):
+                    break  # stopped while the slots were busy: their episodes are cancelled below
                 try:
                     group = await self._create_group(plan.task, plan.group_id, plan.size, stop)
                 except BaseException:
@@ -322,6 +322,30 @@ async def _first_done(running: set[asyncio.Task], stop: asyncio.Event) -> None:
         await asyncio.wait({*running, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
+
+
+async def _acquire(slots: asyncio.Semaphore, n: int, stop: asyncio.Event) -> bool:
+    """Take `n` slots, or none once `stop` is set: a run that ends (its last step, Ctrl-C) does
+    not wait for an episode to free a slot, which an agent of long tool calls takes minutes to."""
+    taken = 0
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while taken < n and not stop.is_set():
+            acquiring = asyncio.ensure_future(slots.acquire())
+            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not acquiring.done():
+                acquiring.cancel()  # a semaphore gives back a slot granted to a cancelled waiter
+                with contextlib.suppress(asyncio.CancelledError):
+                    await acquiring
+            if acquiring.done() and not acquiring.cancelled():
+                taken += 1
+    finally:
+        stopping.cancel()
+    if taken < n:
+        for _ in range(taken):
+            slots.release()
+        return False
+    return True
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

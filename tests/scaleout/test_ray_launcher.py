@@ -222,7 +222,7 @@ def test_sigterm_while_starting_stops_the_launcher_and_its_local_cluster(tmp_pat
         signalled = time.monotonic()
         out, _ = proc.communicate(timeout=180)
         assert proc.returncode != 0, out[-3000:]
-        assert time.monotonic() - signalled < 30, "stopped at once, not after the components finished starting"
+        assert time.monotonic() - signalled < 90, "stopped at once, not after the components finished starting (900 s)"
 
         def running(pids: set[int]) -> set[int]:
             alive = set()

@@ -54,7 +54,7 @@ def next_turn(session_id: str, completion_id: str) -> Callable[[Connection], boo
 def as_one_group(db: Database, ops: list[Callable[[Connection], Any]]) -> tuple[list[Any], int]:
     """Each op's result or exception, with `ops` queued behind a write that holds the writer so that they
     commit together; and how many transactions committed after that write."""
-    gate = threading.Event()
+    gate, holding = threading.Event(), threading.Event()
     commits = 0
 
     def count(_conn: Connection) -> None:
@@ -63,8 +63,8 @@ def as_one_group(db: Database, ops: list[Callable[[Connection], Any]]) -> tuple[
 
     async def main() -> list[Any]:
         db.start_writer()
-        held = asyncio.ensure_future(db.write(lambda c: gate.wait(10)))
-        await asyncio.sleep(0.1)
+        held = asyncio.ensure_future(db.write(lambda c: (holding.set(), gate.wait(10))))
+        assert await asyncio.to_thread(holding.wait, 60), "the writer took the holding write"
         writes = [asyncio.ensure_future(db.write(op)) for op in ops]
         await asyncio.sleep(0.1)
         await asyncio.to_thread(event.listen, db.engine, "commit", count)

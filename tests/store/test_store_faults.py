@@ -85,12 +85,12 @@ def stored(db: Database) -> tuple[dict[str, int], int]:
 
 def record_all(db: Database, ids: list[str]) -> None:
     """Record `ids` as one group commit: a first write holds the writer until all are queued."""
-    gate = threading.Event()
+    gate, holding = threading.Event(), threading.Event()
 
     async def main() -> None:
         db.start_writer()
-        held = asyncio.ensure_future(db.write(lambda c: gate.wait(10)))
-        await asyncio.sleep(0.1)
+        held = asyncio.ensure_future(db.write(lambda c: (holding.set(), gate.wait(10))))
+        assert await asyncio.to_thread(holding.wait, 60), "the writer took the holding write"
         writes = [asyncio.ensure_future(record(db, i)) for i in ids]
         await asyncio.sleep(0.1)
         gate.set()

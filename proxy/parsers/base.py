@@ -172,8 +172,7 @@ def arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
     return closed(tool["function"].get("parameters") or {"type": "object"})
 
 
-_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA = ("items", "additionalProperties", "then", "else")  # not `not`/`if`/`contains`: closing them would widen
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
@@ -183,20 +182,22 @@ def closed(schema: Any, composed: bool = False) -> Any:
     `unevaluatedProperties`). JSON Schema lets such an object take any other key, and a grammar
     that follows it lets a small model write a free-text key until `max_tokens` (seen: a key
     `"a': 3}} building blocks..."` in a forced call); a function's arguments are its declared
-    parameters, as OpenAI's strict mode requires. Members of an `allOf`, and a schema that
-    combines `properties` with `allOf`/`anyOf`/`oneOf`, stay open: closing them would refuse the
-    keys their siblings declare."""
+    parameters, as OpenAI's strict mode requires. Schemas composed with others stay open: the
+    members of an `allOf`, those of an `anyOf`/`oneOf` whose parent lists properties too, and a
+    parent that lists properties beside an `allOf`/`anyOf`/`oneOf`; closing them would refuse
+    the keys the others declare."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
     for key in _SUBSCHEMA:
         if isinstance(out.get(key), dict):
             out[key] = closed(out[key])
-    for key in _SUBSCHEMA_LISTS:
+    for key in ("anyOf", "oneOf", "allOf"):
         if isinstance(out.get(key), list):
-            out[key] = [closed(s) for s in out[key]]
-    if isinstance(out.get("allOf"), list):
-        out["allOf"] = [closed(s, composed=True) for s in out["allOf"]]
+            beside = key == "allOf" or "properties" in out
+            out[key] = [closed(s, composed=beside) for s in out[key]]
+    if isinstance(out.get("prefixItems"), list):
+        out["prefixItems"] = [closed(s) for s in out["prefixItems"]]
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
             out[key] = {name: closed(s) for name, s in out[key].items()}

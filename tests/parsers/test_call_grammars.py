@@ -151,6 +151,11 @@ def test_closed_leaves_what_a_schema_says_of_other_keys():
         assert closed({"properties": {"x": {}}, **said}) == {"properties": {"x": {}}, **said}
     parts = {"allOf": [{"properties": {"x": {}}}, {"properties": {"y": {}}}]}
     assert closed(parts) == parts  # each part's siblings declare keys it must accept
+    beside = {"properties": {"kind": {}}, "anyOf": [{"properties": {"x": {}}}, {"properties": {"y": {}}}]}
+    assert closed(beside) == beside  # each alternative takes the parent's `kind` too
+    union = {"anyOf": [{"properties": {"x": {}}}, {"type": "string"}]}
+    assert closed(union)["anyOf"][0]["additionalProperties"] is False  # an alternative on its own: closed
+    assert closed({"not": {"properties": {"x": {}}}}) == {"not": {"properties": {"x": {}}}}
     assert closed({"type": "object"}) == {"type": "object"}  # no properties listed: any object
     listed = {"type": "array", "items": {"properties": {"x": {}}}}
     assert closed(listed)["items"]["additionalProperties"] is False

@@ -172,7 +172,8 @@ def arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
     return closed(tool["function"].get("parameters") or {"type": "object"})
 
 
-_SUBSCHEMA = ("items", "additionalProperties", "then", "else")  # not `not`/`if`/`contains`: closing them would widen
+# not `not`, `if` or `contains`: they select values, and closing them would change what they select
+_SUBSCHEMA = ("items", "additionalProperties", "then", "else")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 

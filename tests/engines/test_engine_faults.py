@@ -88,10 +88,10 @@ def test_token_ids_outside_the_vocabulary_are_refused(engine):
 def test_a_request_whose_sampling_raises_fails_alone(engine, monkeypatch):
     real = batch.sample
 
-    def sample(logits, ps, generators, allowed=None):
+    def sample(logits, ps, *rest):
         if any(p.top_k == 7 for p in ps):
             raise RuntimeError("this request's sampling breaks")
-        return real(logits, ps, generators, allowed)
+        return real(logits, ps, *rest)
 
     monkeypatch.setattr(batch, "sample", sample)
 

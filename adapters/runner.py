@@ -328,19 +328,15 @@ async def _acquire(slots: asyncio.Semaphore, n: int, stop: asyncio.Event) -> boo
     """Take `n` slots, or none once `stop` is set: a run that ends (its last step, Ctrl-C) does
     not wait for an episode to free a slot, which an agent of long tool calls takes minutes to."""
     taken = 0
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        while taken < n and not stop.is_set():
-            acquiring = asyncio.ensure_future(slots.acquire())
-            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if not acquiring.done():
-                acquiring.cancel()  # a semaphore gives back a slot granted to a cancelled waiter
-                with contextlib.suppress(asyncio.CancelledError):
-                    await acquiring
-            if acquiring.done() and not acquiring.cancelled():
-                taken += 1
-    finally:
-        stopping.cancel()
+    while taken < n and not stop.is_set():
+        acquiring = asyncio.ensure_future(slots.acquire())
+        await _first_done({acquiring}, stop)
+        if not acquiring.done():
+            acquiring.cancel()  # a semaphore gives back a slot granted to a cancelled waiter
+            with contextlib.suppress(asyncio.CancelledError):
+                await acquiring
+        if acquiring.done() and not acquiring.cancelled():
+            taken += 1
     if taken < n:
         for _ in range(taken):
             slots.release()
